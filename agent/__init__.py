@@ -1,0 +1,1 @@
+"""Application side: write batches, the Agent, relaxed stores, the sidecar, the CLI."""

@@ -1,0 +1,11 @@
+"""`cdc-agent demo`: not written yet."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add this module's subcommands to the ``cdc-agent`` parser."""
+    del subparsers, argparse

@@ -1,0 +1,1 @@
+"""Reading side: the assembler, position tokens, consumers and appliers."""

@@ -1,0 +1,21 @@
+"""Shipping: the sink protocol, the record codec, setsum, and the sinks themselves.
+
+May import ``sequencer``; never ``agent`` or ``replay``. Start with ``codec.py`` (the
+bytes every sink and reader share) and ``_protocol.py`` (what a sink must do).
+Optional back ends (``sinks.wal3``, ``sinks.kafka``) import their drivers lazily.
+"""
+
+from sinks._memory import MemorySink
+from sinks._protocol import Sink, SinkClosed, SinkError, SinkTimeout
+from sinks._setsum import Setsum
+from sinks.codec import EventBatch
+
+__all__ = [
+    "EventBatch",
+    "MemorySink",
+    "Setsum",
+    "Sink",
+    "SinkClosed",
+    "SinkError",
+    "SinkTimeout",
+]

@@ -1,0 +1,45 @@
+"""The sink protocol every destination implements, and the errors sinks raise."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from sequencer import EpochRecord
+from sinks.codec import EventBatch
+
+__all__ = ["Sink", "SinkClosed", "SinkError", "SinkTimeout"]
+
+
+class SinkError(Exception):
+    """A sink could not take or keep records. The message says what was kept."""
+
+
+class SinkTimeout(SinkError):
+    """A sink did not make records durable within the time allowed."""
+
+
+class SinkClosed(SinkError):
+    """Records were handed to a sink after ``close()``."""
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where the agent ships records. One thread calls it, in log order.
+
+    - ``write_events``: events of one or more write batches; each segment whole, in
+      seq order (see ``sinks.codec``).
+    - ``write_epoch``: an epoch record, after every event of its epoch, with its
+      setsum filled in.
+    - ``flush``: return once everything written so far is durable, or raise.
+    - ``close``: flush, then release resources; calling it twice is fine.
+
+    Vendor exceptions never escape: a sink maps them to ``SinkError`` subclasses.
+    """
+
+    def write_events(self, batch: EventBatch) -> None: ...
+
+    def write_epoch(self, record: EpochRecord) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...

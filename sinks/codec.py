@@ -1,0 +1,355 @@
+"""The record codec: the one definition of cdc-agent's bytes on the wire and on disk.
+
+Every sink and every reader (the Spark job included) encodes and decodes through this
+module. Layout, version 1:
+
+    message    := MAGIC "CDC" | version u8 (= 1) | kind u8 | payload
+    kind 0x01  EVENTS: payload is an Arrow IPC stream of record batches of
+               EVENT_SCHEMA (below), uncompressed.
+    kind 0x02  EPOCH: payload is, big-endian,
+               domain_id u64 | epoch_seq u64 | begin_id u64 | end_id u64 |
+               event_count u64 | flags u8 (bit 0 quiescent, bit 1 stream present) |
+               stream u32 | setsum 32 bytes (the digest; zeros if not computed) |
+               n_tables u16 | n x (name_len u16 | name utf-8 | count u64)
+
+    EVENT_SCHEMA: domain_id uint64, batch_id uint64, seq uint32, table utf8,
+                  row binary (tagged key), column utf8, old binary (tagged value),
+                  new binary (tagged value)
+
+    tagged value := b""                 ABSENT (the cell does not exist)
+                  | 0x00                None
+                  | 0x01 u8             bool (0 or 1)
+                  | 0x02 i64 (BE)       int
+                  | 0x03 f64 bits (BE)  float, every bit (NaN payloads, -0.0)
+                  | 0x04 utf-8          str
+                  | 0x05 raw            bytes
+    tagged key   := 0x02 i64 (BE) | 0x04 utf-8
+
+Setsum items. An epoch's setsum is the setsum (``sinks.Setsum``) of its *segments*: a
+segment is the events of one write batch whose ``seq >> SEGMENT_BITS`` agree, in seq
+order, serialised column by column as
+
+    b"CDCSEG1\\0" | domain_id u64 | batch_id u64 | n u32 | n x seq u32 |
+    for table, row, column, old, new: n x length u32, then the n values' bytes
+
+(all integers big-endian). A segment is never split across shipments, so a writer
+hashes each one as it ships and a reader rebuilds the same items from the events alone,
+whatever order or duplication they arrived in. Hashing per segment rather than per
+event keeps one SHA3 call for many events.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+
+from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
+from sinks._setsum import Setsum
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "FORMAT_VERSION",
+    "SEGMENT_BITS",
+    "CodecError",
+    "EventBatch",
+    "decode",
+    "decode_key",
+    "decode_value",
+    "encode_epoch",
+    "encode_events",
+    "encode_key",
+    "encode_value",
+    "segment_digests",
+]
+
+MAGIC: Final = b"CDC"
+FORMAT_VERSION: Final = 1
+KIND_EVENTS: Final = 0x01
+KIND_EPOCH: Final = 0x02
+SEGMENT_BITS: Final = 16
+_SEGMENT_MAGIC: Final = b"CDCSEG1\x00"
+
+EVENT_SCHEMA: Final = pa.schema(
+    [
+        pa.field("domain_id", pa.uint64(), nullable=False),
+        pa.field("batch_id", pa.uint64(), nullable=False),
+        pa.field("seq", pa.uint32(), nullable=False),
+        pa.field("table", pa.utf8(), nullable=False),
+        pa.field("row", pa.binary(), nullable=False),
+        pa.field("column", pa.utf8(), nullable=False),
+        pa.field("old", pa.binary(), nullable=False),
+        pa.field("new", pa.binary(), nullable=False),
+    ],
+    metadata={b"cdc-agent.format": str(FORMAT_VERSION).encode()},
+)
+_VAR_COLUMNS: Final = ("table", "row", "column", "old", "new")
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid cdc-agent message of a version this reader knows."""
+
+
+# -- values ---------------------------------------------------------------------------
+
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+_NONE: Final = b"\x00"
+_FALSE: Final = b"\x01\x00"
+_TRUE: Final = b"\x01\x01"
+
+
+def encode_value(value: Value | Absent) -> bytes:
+    """The tagged bytes of a cell value (``b""`` for ABSENT)."""
+    kind = type(value)
+    if kind is str:
+        return b"\x04" + value.encode()  # type: ignore[union-attr]
+    if kind is int:
+        return b"\x02" + _I64.pack(value)
+    if kind is float:
+        return b"\x03" + _F64.pack(value)
+    if value is None:
+        return _NONE
+    if kind is bool:
+        return _TRUE if value else _FALSE
+    if kind is bytes:
+        return b"\x05" + value  # type: ignore[operator]
+    if value is ABSENT:
+        return b""
+    raise CodecError(f"cannot encode a value of type {kind.__name__}")
+
+
+def decode_value(raw: bytes) -> Value | Absent:
+    """Inverse of ``encode_value``."""
+    if not raw:
+        return ABSENT
+    tag = raw[0]
+    if tag == 0x04:
+        return raw[1:].decode()
+    if tag == 0x02 and len(raw) == 9:
+        return int(_I64.unpack_from(raw, 1)[0])
+    if tag == 0x03 and len(raw) == 9:
+        return float(_F64.unpack_from(raw, 1)[0])
+    if tag == 0x00 and len(raw) == 1:
+        return None
+    if tag == 0x01 and len(raw) == 2 and raw[1] in (0, 1):
+        return raw[1] == 1
+    if tag == 0x05:
+        return bytes(raw[1:])
+    raise CodecError(f"invalid tagged value {bytes(raw[:16])!r}")
+
+
+def encode_key(row: RowKey) -> bytes:
+    """The tagged bytes of a row key."""
+    if type(row) is str:
+        return b"\x04" + row.encode()
+    if type(row) is int:
+        return b"\x02" + _I64.pack(row)
+    raise CodecError(f"cannot encode a row key of type {type(row).__name__}")
+
+
+def decode_key(raw: bytes) -> RowKey:
+    """Inverse of ``encode_key``."""
+    value = decode_value(raw)
+    if type(value) not in (str, int):
+        raise CodecError(f"invalid row key {bytes(raw[:16])!r}")
+    return value  # type: ignore[return-value]
+
+
+# -- event batches ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Change events as one Arrow record batch of ``EVENT_SCHEMA``.
+
+    Within a batch, each segment's events are contiguous and in seq order (the agent
+    ships them so); ``segment_digests`` relies on it.
+    """
+
+    data: pa.RecordBatch
+
+    @classmethod
+    def from_events(cls, events: Iterable[ChangeEvent]) -> EventBatch:
+        cols: tuple[list[object], ...] = ([], [], [], [], [], [], [], [])
+        d, b, s, t, r, c, o, n = (col.append for col in cols)
+        for e in events:
+            d(e.domain_id)
+            b(e.batch_id)
+            s(e.seq)
+            t(e.table)
+            r(encode_key(e.row))
+            c(e.column)
+            o(encode_value(e.old))
+            n(encode_value(e.new))
+        return cls(pa.RecordBatch.from_arrays(
+            [pa.array(col, type=f.type) for col, f in zip(cols, EVENT_SCHEMA, strict=True)],
+            schema=EVENT_SCHEMA,
+        ))
+
+    def __len__(self) -> int:
+        return self.data.num_rows
+
+    def to_events(self) -> list[ChangeEvent]:
+        cols = [self.data.column(i).to_pylist() for i in range(len(EVENT_SCHEMA))]
+        return [
+            ChangeEvent(dom, bat, seq, tab, decode_key(row), col, decode_value(old),
+                        decode_value(new))
+            for dom, bat, seq, tab, row, col, old, new in zip(*cols, strict=True)
+        ]
+
+
+def encode_events(batch: EventBatch | pa.RecordBatch | pa.Table) -> bytes:
+    """One EVENTS message holding ``batch``'s events."""
+    data = batch.data if isinstance(batch, EventBatch) else batch
+    if not data.schema.equals(EVENT_SCHEMA):
+        raise CodecError(f"events must have EVENT_SCHEMA, got {data.schema}")
+    sink = pa.BufferOutputStream()
+    sink.write(MAGIC + bytes((FORMAT_VERSION, KIND_EVENTS)))
+    with pa.ipc.new_stream(sink, EVENT_SCHEMA) as writer:
+        if isinstance(data, pa.Table):
+            writer.write_table(data)
+        else:
+            writer.write_batch(data)
+    return sink.getvalue().to_pybytes()
+
+
+_EPOCH_HEAD = struct.Struct(">QQQQQBI32sH")
+_NAME_LEN = struct.Struct(">H")
+_COUNT = struct.Struct(">Q")
+
+
+def encode_epoch(record: EpochRecord) -> bytes:
+    """One EPOCH message."""
+    flags = (1 if record.quiescent else 0) | (2 if record.stream is not None else 0)
+    digest = bytes.fromhex(record.setsum) if record.setsum else bytes(32)
+    parts = [
+        MAGIC,
+        bytes((FORMAT_VERSION, KIND_EPOCH)),
+        _EPOCH_HEAD.pack(
+            record.domain_id, record.epoch_seq, record.begin_id, record.end_id,
+            record.event_count, flags, record.stream or 0, digest, len(record.table_counts),
+        ),
+    ]
+    for name, count in record.table_counts:
+        raw = name.encode()
+        parts += [_NAME_LEN.pack(len(raw)), raw, _COUNT.pack(count)]
+    return b"".join(parts)
+
+
+def decode(message: bytes | memoryview) -> EventBatch | EpochRecord:
+    """Decode one message, checking its magic and version."""
+    raw = memoryview(message)
+    if len(raw) < 5 or bytes(raw[:3]) != MAGIC:
+        raise CodecError(f"not a cdc-agent message (starts {bytes(raw[:8])!r})")
+    version, kind = raw[3], raw[4]
+    if version != FORMAT_VERSION:
+        raise CodecError(
+            f"message format version {version}; this reader knows version {FORMAT_VERSION}"
+        )
+    if kind == KIND_EVENTS:
+        return _decode_events(raw[5:])
+    if kind == KIND_EPOCH:
+        return _decode_epoch(raw[5:])
+    raise CodecError(f"unknown message kind {kind:#x}")
+
+
+def _decode_events(payload: memoryview) -> EventBatch:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+    except pa.ArrowInvalid as exc:
+        raise CodecError(f"corrupt EVENTS payload: {exc}") from exc
+    if not table.schema.equals(EVENT_SCHEMA):
+        raise CodecError(f"EVENTS payload has schema {table.schema}, not EVENT_SCHEMA")
+    batches = table.combine_chunks().to_batches()
+    data = batches[0] if batches else EVENT_SCHEMA.empty_table().to_batches(1)
+    if not isinstance(data, pa.RecordBatch):
+        data = pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+    return EventBatch(data)
+
+
+def _decode_epoch(payload: memoryview) -> EpochRecord:
+    try:
+        (domain, seq, begin, end, count, flags, stream, digest, n_tables) = (
+            _EPOCH_HEAD.unpack_from(payload, 0))
+        pos = _EPOCH_HEAD.size
+        counts = []
+        for _ in range(n_tables):
+            (length,) = _NAME_LEN.unpack_from(payload, pos)
+            pos += 2
+            name = bytes(payload[pos : pos + length]).decode()
+            pos += length
+            (n,) = _COUNT.unpack_from(payload, pos)
+            pos += 8
+            counts.append((name, n))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CodecError(f"corrupt EPOCH payload: {exc}") from exc
+    if pos != len(payload):
+        raise CodecError(f"EPOCH payload has {len(payload) - pos} trailing bytes")
+    return EpochRecord(
+        domain_id=domain, epoch_seq=seq, begin_id=begin, end_id=end, event_count=count,
+        quiescent=bool(flags & 1), table_counts=tuple(counts),
+        setsum=digest.hex() if any(digest) else "",
+        stream=stream if flags & 2 else None,
+    )
+
+
+# -- setsum items ---------------------------------------------------------------------------
+
+
+def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int, bytes]]:
+    """Yield ``(domain_id, batch_id, sha3 digest)`` for each segment of ``data``.
+
+    ``data`` must hold whole segments, each contiguous and in seq order (sort by
+    domain, batch, seq first if unsure).
+    """
+    import hashlib
+
+    if isinstance(data, pa.Table):
+        data = data.combine_chunks().to_batches()[0] if data.num_rows else None
+        if data is None:
+            return
+    n = data.num_rows
+    if n == 0:
+        return
+    domains = data.column(0).to_numpy()
+    batches = data.column(1).to_numpy()
+    seqs = data.column(2).to_numpy()
+    segments = seqs >> SEGMENT_BITS
+    change = np.flatnonzero(
+        (domains[1:] != domains[:-1]) | (batches[1:] != batches[:-1])
+        | (segments[1:] != segments[:-1])
+    ) + 1
+    starts = np.concatenate(([0], change)).tolist()
+    ends = np.concatenate((change, [n])).tolist()
+    seq_be = seqs.astype(">u4").tobytes()
+    var = []
+    for name in _VAR_COLUMNS:
+        col = data.column(name)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32,
+                                count=len(col) + 1, offset=col.offset * 4)
+        lengths = (offsets[1:] - offsets[:-1]).astype(">u4").tobytes()
+        values = col.buffers()[2]
+        var.append((offsets.tolist(), lengths,
+                    memoryview(values) if values is not None else memoryview(b"")))
+    head = struct.Struct(">QQI")
+    sha3 = hashlib.sha3_256
+    dom_list = domains.tolist()
+    bat_list = batches.tolist()
+    for i, j in zip(starts, ends, strict=True):
+        h = sha3(_SEGMENT_MAGIC)
+        h.update(head.pack(dom_list[i], bat_list[i], j - i))
+        h.update(seq_be[4 * i : 4 * j])
+        for offsets, lengths, values in var:
+            h.update(lengths[4 * i : 4 * j])
+            h.update(values[offsets[i] : offsets[j]])
+        yield dom_list[i], bat_list[i], h.digest()
+
+
+def digests_setsum(digests: Sequence[bytes]) -> Setsum:
+    """The setsum of items given by their digests."""
+    return Setsum().insert_digests(b"".join(digests))

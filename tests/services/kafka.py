@@ -1,0 +1,1 @@
+"""Session fixture for the kafka service (see the module docstring once written)."""

@@ -1,0 +1,1 @@
+"""Session fixture for the postgres service (see the module docstring once written)."""
