@@ -1,0 +1,121 @@
+"""Per-partition epoch records: what each partition received of each epoch (pure, no I/O).
+
+Every epoch record goes to every partition, carrying that partition's share of the
+epoch: its event count, per-table counts and setsum, with ``stream`` set to the
+partition. The setsum of a partition is the ``Setsum`` of its segments' digests, where
+a segment is the events of one write batch in one partition whose ``seq >> SEGMENT_BITS``
+agree, in seq order (``sinks.codec.segment_digests`` on the partition's share of one
+shipment). A consumer rebuilds the same items from the partition's events alone.
+
+Events arrive before the epoch that covers them is known (two epochs may be open), so
+the tally is kept per write batch and summed when an epoch record covers the batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from sequencer import EpochRecord
+from sinks._setsum import Setsum
+from sinks.codec import segment_digests
+
+__all__ = ["BatchTotal", "PartitionTally", "partition_records"]
+
+
+class BatchTotal(NamedTuple):
+    """All the events of one write batch, over every partition."""
+
+    domain_id: int
+    batch_id: int
+    event_count: int
+    tables: dict[str, int]
+
+
+@dataclass(slots=True)
+class _Share:
+    """One write batch's events in one partition."""
+
+    count: int = 0
+    tables: Counter[str] = field(default_factory=Counter)
+    digests: list[bytes] = field(default_factory=list)
+
+
+class PartitionTally:
+    """Counts and segment digests per (domain, write batch, partition), until an epoch closes."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self._open: dict[tuple[int, int], dict[int, _Share]] = {}
+
+    def __len__(self) -> int:
+        """How many write batches are waiting for their epoch record."""
+        return len(self._open)
+
+    def add(self, data: pa.RecordBatch, parts: np.ndarray) -> None:
+        """Account for ``data``'s events, event i going to partition ``parts[i]``."""
+        domains = data.column("domain_id").to_pylist()
+        batches = data.column("batch_id").to_pylist()
+        tables = data.column("table").to_pylist()
+        part_list = parts.tolist()
+        for dom, bat, part, table in zip(domains, batches, part_list, tables, strict=True):
+            share = self._share(dom, bat, part)
+            share.count += 1
+            share.tables[table] += 1
+        present = np.unique(parts)
+        for part in present.tolist():
+            sub = data if len(present) == 1 else data.take(pa.array(np.flatnonzero(parts == part)))
+            for dom, bat, digest in segment_digests(sub):
+                self._share(dom, bat, part).digests.append(digest)
+
+    def _share(self, domain_id: int, batch_id: int, part: int) -> _Share:
+        shares = self._open.get((domain_id, batch_id))
+        if shares is None:
+            shares = self._open[(domain_id, batch_id)] = {}
+        share = shares.get(part)
+        if share is None:
+            share = shares[part] = _Share()
+        return share
+
+    def close_epoch(self, record: EpochRecord) -> tuple[list[EpochRecord], list[BatchTotal]]:
+        """One record per partition for ``record``, and the totals of the batches it covers.
+
+        The covered batches are forgotten; batches are listed in id order.
+        """
+        covered = sorted(key for key in self._open
+                         if key[0] == record.domain_id and record.covers(key[1]))
+        shares: list[list[_Share]] = [[] for _ in range(self.partitions)]
+        totals = []
+        for key in covered:
+            tables: Counter[str] = Counter()
+            count = 0
+            for part, share in self._open.pop(key).items():
+                shares[part].append(share)
+                tables.update(share.tables)
+                count += share.count
+            totals.append(BatchTotal(key[0], key[1], count, dict(tables)))
+        return partition_records(record, shares), totals
+
+
+def partition_records(record: EpochRecord, shares: list[list[_Share]]) -> list[EpochRecord]:
+    """``record`` split into one copy per partition from each partition's shares."""
+    out = []
+    for part, part_shares in enumerate(shares):
+        tables: Counter[str] = Counter()
+        digests = []
+        for share in part_shares:
+            tables.update(share.tables)
+            digests.extend(share.digests)
+        setsum = Setsum().insert_digests(b"".join(digests)) if digests else Setsum()
+        out.append(replace(
+            record,
+            event_count=sum(share.count for share in part_shares),
+            table_counts=tuple(sorted(tables.items())),
+            setsum=setsum.hexdigest() if setsum else "",
+            stream=part,
+        ))
+    return out
