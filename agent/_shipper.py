@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from sequencer import EpochRecord, RowKey, Value
+from sequencer import EpochRecord, RowKey
 from sinks import EventBatch, Setsum, Sink
 from sinks.codec import EVENT_SCHEMA, encode_key, encode_value, segment_digests
 

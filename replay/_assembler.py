@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
-from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
+from sequencer import Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks import EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
