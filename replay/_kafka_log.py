@@ -1,0 +1,296 @@
+"""Reading a Kafka topic written by ``sinks.kafka.KafkaSink``: verify each partition, cut
+at the minimum quiescence point across partitions, delegate the cancel-out (pure, no I/O).
+
+``KafkaLog.feed(partition, offset, key, value, headers)`` takes messages in each
+partition's order (partitions may interleave freely) and returns the changesets that
+became consistent. For each partition and domain it:
+
+1. keeps the partition's events of epochs not yet closed, dropping repeated identities
+   and copies of events already applied;
+2. on the partition's marker for epoch e (``sinks.kafka._markers``), checks that epoch e
+   follows the partition's previous epoch, and that the partition's events of e match
+   the marker's count, per-table counts and setsum (the setsum of the partition's
+   segments); a shortfall means an event was lost: ``InconsistentLog``;
+3. once every partition has verified epoch e (and the partitions' counts add up to the
+   epoch's), feeds the epoch's events and its whole record to the ``Assembler``, which
+   cancels events out and applies a changeset at each quiescence point.
+
+So nothing reaches the assembler before every partition vouched for it; the cut is the
+minimum verified epoch across partitions. ``commit_offsets()`` says, per partition,
+where a consumer restarted after the last changeset must begin: nothing before that
+offset is needed again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from replay._assembler import Assembler, Changeset
+from replay._errors import InconsistentLog
+from replay._position import Frontier
+from sequencer import EpochRecord, id_lt
+from sinks._setsum import Setsum
+from sinks.codec import CodecError, decode, encode_key, encode_value, segment_digests
+from sinks.kafka import _debezium
+from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
+from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_batch
+
+__all__ = ["KafkaLog"]
+
+_Identity = tuple[int, int, int]
+_HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
+
+
+@dataclass
+class _Lane:
+    """One domain in one partition."""
+
+    next_epoch: int | None = None  # the epoch the next marker must be (None: not known yet)
+    pending: dict[_Identity, RawEvent] = field(default_factory=dict)
+    unsettled_from: int | None = None  # first offset still needed after a restart
+    last_offset: int = -1
+
+
+@dataclass
+class _Epoch:
+    """One epoch of one domain, as the partitions vouch for it."""
+
+    whole: EpochRecord
+    events: list[RawEvent] = field(default_factory=list)
+    marker_offsets: dict[int, int] = field(default_factory=dict)
+    counted: int = 0
+
+
+class KafkaLog:
+    """Per-partition verification and the consistent cut over ``partitions`` partitions.
+
+    ``encoding`` is ``"native"`` or ``"debezium"``. ``assembler`` does the cancel-out
+    (a fresh ``Assembler()`` by default); its position says what is already applied.
+    """
+
+    def __init__(self, partitions: int, *, encoding: str = "native",
+                 assembler: Assembler | None = None) -> None:
+        if encoding not in ("native", "debezium"):
+            raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
+        self.partitions = partitions
+        self.encoding = encoding
+        self.assembler = assembler or Assembler()
+        self._lanes: list[dict[int, _Lane]] = [{} for _ in range(partitions)]
+        self._next_offset: list[int | None] = [None] * partitions
+        self._epochs: dict[tuple[int, int], _Epoch] = {}
+        self._fed: dict[int, int] = {}  # domain -> last epoch fed to the assembler
+        self._applied_end: dict[int, int] = {}
+        self.duplicates = 0
+        for position in self.assembler.position:
+            self._fed[position.domain_id] = position.epoch_seq
+            self._applied_end[position.domain_id] = position.end_id
+
+    @property
+    def position(self) -> Frontier:
+        """The assembler's position: everything up to it was handed out as changesets."""
+        return self.assembler.position
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Say where reading ``partition`` starts (the committed offset, or 0)."""
+        self._next_offset[partition] = offset
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def feed(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+             headers: Sequence[tuple[str, bytes | None]] | None) -> list[Changeset]:
+        """Take one message of ``partition`` (in the partition's order)."""
+        self._next_offset[partition] = offset + 1
+        if value is not None and value[:3] == EVENT_MAGIC:
+            self._event(partition, offset, decode_event(value))
+            return []
+        marker = _marker_headers(headers)
+        if marker is not None:
+            return self._marker(partition, offset, *marker)
+        if self.encoding == "debezium" and value is not None:
+            try:
+                event = _debezium.decode_event(value)
+            except CodecError as exc:
+                raise InconsistentLog(f"partition {partition} offset {offset} holds a "
+                                      f"message that is not a cdc-agent record: {exc}") from exc
+            self._event(partition, offset, RawEvent(
+                event.domain_id, event.batch_id, event.seq, event.table,
+                encode_key(event.row), event.column, encode_value(event.old),
+                encode_value(event.new)))
+            return []
+        raise InconsistentLog(f"partition {partition} offset {offset} holds a message that "
+                              f"is not a cdc-agent {self.encoding} record "
+                              f"(starts {bytes(value or b'')[:8]!r})")
+
+    def _lane(self, partition: int, domain_id: int) -> _Lane:
+        lane = self._lanes[partition].get(domain_id)
+        if lane is None:
+            lane = self._lanes[partition][domain_id] = _Lane()
+        return lane
+
+    def _event(self, partition: int, offset: int, event: RawEvent) -> None:
+        domain = event.domain_id
+        applied_end = self._applied_end.get(domain)
+        if applied_end is not None and id_lt(event.batch_id, applied_end):
+            self.duplicates += 1  # a copy of an event already applied
+            return
+        lane = self._lane(partition, domain)
+        identity = (domain, event.batch_id, event.seq)
+        known = lane.pending.get(identity)
+        if known is not None:
+            if known != event:
+                raise InconsistentLog(
+                    f"partition {partition} holds two different events with identity "
+                    f"(batch {event.batch_id:#x}, seq {event.seq})", domain_id=domain)
+            self.duplicates += 1
+            return
+        lane.pending[identity] = event
+        lane.last_offset = offset
+        if lane.unsettled_from is None:
+            lane.unsettled_from = offset
+
+    def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord
+                ) -> list[Changeset]:
+        domain, seq = whole.domain_id, whole.epoch_seq
+        if (part.domain_id, part.epoch_seq, part.begin_id, part.end_id, part.quiescent) != (
+                domain, seq, whole.begin_id, whole.end_id, whole.quiescent) \
+                or part.stream != partition:
+            raise InconsistentLog(f"partition {partition} offset {offset}: an epoch marker "
+                                  f"for stream {part.stream} does not match its epoch",
+                                  domain_id=domain, epoch_seq=seq)
+        lane = self._lane(partition, domain)
+        covered = [e for e in lane.pending.values() if whole.covers(e.batch_id)]
+        for event in covered:
+            del lane.pending[(domain, event.batch_id, event.seq)]
+        fed = self._fed.get(domain)
+        if fed is not None and seq <= fed:
+            self.duplicates += 1 + len(covered)  # an epoch already applied
+            lane.next_epoch = seq + 1
+            return []
+        # Step 2: the epoch follows this partition's previous one, and its events are all here.
+        expected = lane.next_epoch
+        if expected is None:
+            expected = fed + 1 if fed is not None else seq if whole.begin_id == 0 else None
+            if expected is None:
+                raise InconsistentLog(
+                    f"partition {partition} starts in the middle of the domain (epoch {seq}) "
+                    "and no position says what was applied before it: the earlier records "
+                    "are gone (retention?); resume with the position token of the last "
+                    "changeset applied", domain_id=domain, epoch_seq=seq)
+        if seq != expected:
+            raise InconsistentLog(
+                f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
+                "epoch markers (and their events) are missing", domain_id=domain,
+                epoch_seq=expected)
+        _check_partition(partition, part, covered)
+        lane.next_epoch = seq + 1
+        lane.last_offset = offset
+        if lane.unsettled_from is None:
+            lane.unsettled_from = offset
+        # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
+        epoch = self._epochs.get((domain, seq))
+        if epoch is None:
+            epoch = self._epochs[(domain, seq)] = _Epoch(whole)
+        elif epoch.whole != whole:
+            raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
+                                  f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
+        epoch.events.extend(covered)
+        epoch.counted += part.event_count
+        epoch.marker_offsets[partition] = offset
+        return self._feed_complete(domain)
+
+    def _feed_complete(self, domain: int) -> list[Changeset]:
+        out: list[Changeset] = []
+        while True:
+            seq = self._fed.get(domain)
+            key = (domain, seq + 1) if seq is not None else self._first_epoch(domain)
+            epoch = self._epochs.get(key) if key is not None else None
+            if epoch is None or len(epoch.marker_offsets) < self.partitions:
+                return out
+            del self._epochs[key]  # type: ignore[arg-type]
+            whole = epoch.whole
+            if epoch.counted != whole.event_count:
+                raise InconsistentLog(
+                    f"the partitions hold {epoch.counted} events of this epoch, its record "
+                    f"says {whole.event_count}", domain_id=domain, epoch_seq=whole.epoch_seq)
+            self._fed[domain] = whole.epoch_seq
+            if epoch.events:
+                self.assembler.feed(raw_events_batch(epoch.events))
+            changesets = self.assembler.feed(whole)
+            if changesets:
+                self._settle(domain, whole.end_id, epoch.marker_offsets)
+            out.extend(changesets)
+
+    def _first_epoch(self, domain: int) -> tuple[int, int] | None:
+        firsts = [k for k, e in self._epochs.items() if k[0] == domain and e.whole.begin_id == 0]
+        return min(firsts) if firsts else None
+
+    def _settle(self, domain: int, end_id: int, marker_offsets: dict[int, int]) -> None:
+        """A changeset of ``domain`` was handed out up to the markers at ``marker_offsets``."""
+        self._applied_end[domain] = end_id
+        for partition, marker_offset in marker_offsets.items():
+            lane = self._lanes[partition][domain]
+            lane.unsettled_from = marker_offset + 1 if lane.last_offset > marker_offset else None
+
+    # -- restart points ---------------------------------------------------------------------
+
+    def read_offsets(self) -> dict[int, int]:
+        """Per partition, the offset after the last message fed (or the seek offset)."""
+        return {p: o for p, o in enumerate(self._next_offset) if o is not None}
+
+    def commit_offsets(self) -> dict[int, int]:
+        """Per partition, the offset a restarted consumer must read from (read so far)."""
+        out = {}
+        for partition, lanes in enumerate(self._lanes):
+            starts = [lane.unsettled_from for lane in lanes.values()
+                      if lane.unsettled_from is not None]
+            next_offset = self._next_offset[partition]
+            if starts:
+                out[partition] = min(starts)
+            elif next_offset is not None:
+                out[partition] = next_offset
+        return out
+
+
+def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None
+                    ) -> tuple[EpochRecord, EpochRecord] | None:
+    if not headers:
+        return None
+    found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
+    if len(found) != 2:
+        return None
+    try:
+        part, whole = decode(found[HEADER_PARTITION]), decode(found[HEADER_WHOLE])
+    except CodecError as exc:
+        raise InconsistentLog(f"a corrupt epoch marker: {exc}") from exc
+    if not isinstance(part, EpochRecord) or not isinstance(whole, EpochRecord):
+        raise InconsistentLog("an epoch marker header holds events, not an epoch record")
+    return part, whole
+
+
+def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]) -> None:
+    """The partition's events of an epoch against the partition's marker (step 2)."""
+    where = {"domain_id": part.domain_id, "epoch_seq": part.epoch_seq}
+    if len(events) != part.event_count:
+        raise InconsistentLog(
+            f"partition {partition} holds {len(events)} events of this epoch before its "
+            f"marker, the marker says {part.event_count}: "
+            + ("events were lost" if len(events) < part.event_count else "foreign events"),
+            **where)
+    tables = Counter(e.table for e in events)
+    if dict(tables) != dict(part.table_counts):
+        raise InconsistentLog(
+            f"partition {partition}: per-table counts {dict(tables)} differ from the "
+            f"marker's {dict(part.table_counts)}", **where)
+    if not events:
+        return
+    events.sort(key=lambda e: (e.batch_id, e.seq))
+    digests = [digest for _d, _b, digest in segment_digests(raw_events_batch(events).data)]
+    actual = Setsum().insert_digests(b"".join(digests))
+    if (actual.hexdigest() if actual else "") != part.setsum:
+        raise InconsistentLog(
+            f"partition {partition}: setsum of its events of this epoch is "
+            f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
+            "altered or lost)", **where)
