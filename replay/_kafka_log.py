@@ -49,6 +49,7 @@ class _Lane:
     """One domain in one partition."""
 
     next_epoch: int | None = None  # the epoch the next marker must be (None: not known yet)
+    verified_end: int | None = None  # events of batches before this id were verified here
     pending: dict[_Identity, RawEvent] = field(default_factory=dict)
     unsettled_from: int | None = None  # first offset still needed after a restart
     last_offset: int = -1
@@ -137,6 +138,9 @@ class KafkaLog:
             self.duplicates += 1  # a copy of an event already applied
             return
         lane = self._lane(partition, domain)
+        if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
+            self.duplicates += 1  # a copy of an event this partition already vouched for
+            return
         identity = (domain, event.batch_id, event.seq)
         known = lane.pending.get(identity)
         if known is not None:
@@ -168,6 +172,10 @@ class KafkaLog:
         if fed is not None and seq <= fed:
             self.duplicates += 1 + len(covered)  # an epoch already applied
             lane.next_epoch = seq + 1
+            lane.verified_end = whole.end_id
+            return []
+        if lane.next_epoch is not None and seq < lane.next_epoch:
+            self.duplicates += 1 + len(covered)  # this partition already vouched for it
             return []
         # Step 2: the epoch follows this partition's previous one, and its events are all here.
         expected = lane.next_epoch
@@ -186,6 +194,7 @@ class KafkaLog:
                 epoch_seq=expected)
         _check_partition(partition, part, covered)
         lane.next_epoch = seq + 1
+        lane.verified_end = whole.end_id
         lane.last_offset = offset
         if lane.unsettled_from is None:
             lane.unsettled_from = offset

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -14,7 +13,7 @@ import structlog
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed
 from sinks.codec import EventBatch
-from sinks.kafka import _debezium
+from sinks.kafka._builder import MessageBuilder
 from sinks.kafka._driver import confluent_kafka, quiet_logger
 from sinks.kafka._errors import (
     KafkaConfigError,
@@ -23,9 +22,6 @@ from sinks.kafka._errors import (
     KafkaSinkError,
     KafkaUnavailable,
 )
-from sinks.kafka._markers import marker_messages
-from sinks.kafka._native import encode_event_messages, event_keys, partitions_of
-from sinks.kafka._tally import BatchTotal, PartitionTally
 
 __all__ = ["ENCODINGS", "KafkaSink"]
 
@@ -89,7 +85,6 @@ class KafkaSink:
         self._failures: list[tuple[str, int, str]] = []
         self._fatal: str | None = None
         self._closed = False
-        self._dc_order: dict[tuple[int, int], Counter[str]] = {}
         self._kafka_exception: type[Exception] = ck.KafkaException
         settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -113,7 +108,7 @@ class KafkaSink:
         if encoding == "debezium":
             self._check_topic(self.transaction_topic, partitions and 1, replication_factor,
                               startup_timeout)
-        self._tally = PartitionTally(self.partitions)
+        self._builder = MessageBuilder(self.partitions, encoding, name=name)
 
     # -- start-up --------------------------------------------------------------------
 
@@ -219,39 +214,17 @@ class KafkaSink:
         """
         # Step 1.
         self._check_healthy()
-        data = batch.data
-        if data.num_rows == 0:
-            return
-        # Step 2.
-        keys = event_keys(data)
-        parts = partitions_of(keys, self.partitions)
-        values = (encode_event_messages(data) if self.encoding == "native"
-                  else self._debezium_values(batch, keys))
-        # Step 3.
-        self._tally.add(data, parts)
+        # Step 2 and 3.
+        keys, values, parts = self._builder.events(batch)
         # Step 4.
         produce = self._producer.produce
         topic = self.topic
-        for key, value, part in zip(keys, values, parts.tolist(), strict=True):
+        for key, value, part in zip(keys, values, parts, strict=True):
             try:
                 produce(topic, value, key, part)
             except BufferError:
                 self._wait_for_room(functools.partial(produce, topic, value, key, part))
         self._producer.poll(0)
-
-    def _debezium_values(self, batch: EventBatch, keys: list[bytes]) -> list[bytes]:
-        values = []
-        orders = self._dc_order
-        for i, event in enumerate(batch.to_events()):
-            counter = orders.get((event.domain_id, event.batch_id))
-            if counter is None:
-                counter = orders[(event.domain_id, event.batch_id)] = Counter()
-            counter[event.table] += 1
-            json_key, value = _debezium.encode_event(
-                event, name=self.name, data_collection_order=counter[event.table])
-            keys[i] = json_key
-            values.append(value)
-        return values
 
     def write_epoch(self, record: EpochRecord) -> None:
         """Write ``record`` into every partition, each copy with that partition's share.
@@ -265,27 +238,15 @@ class KafkaSink:
         # Step 1.
         self._check_healthy()
         # Step 2.
-        per_partition, batches = self._tally.close_epoch(record)
-        shipped = sum(r.event_count for r in per_partition)
-        if shipped != record.event_count:
-            log.warning("kafka_epoch_count_mismatch", domain_id=record.domain_id,
-                        epoch_seq=record.epoch_seq, epoch_count=record.event_count,
-                        shipped=shipped)
+        markers, transactions = self._builder.epoch(record)
         # Step 3.
-        for marker in marker_messages(record, per_partition, self.encoding):
+        for marker in markers:
             self._produce_one(self.topic, marker.value, marker.key, marker.partition,
                               marker.headers)
         # Step 4.
-        if self.encoding == "debezium":
-            self._write_transactions(batches)
+        for key, value in transactions:
+            self._produce_one(self.transaction_topic, value, key, 0, None)
         self._producer.poll(0)
-
-    def _write_transactions(self, batches: list[BatchTotal]) -> None:
-        for total in batches:
-            self._dc_order.pop((total.domain_id, total.batch_id), None)
-            for key, value in _debezium.transaction_records(
-                    total.domain_id, total.batch_id, total.event_count, total.tables):
-                self._produce_one(self.transaction_topic, value, key, 0, None)
 
     def _produce_one(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
                      headers: list[tuple[str, bytes]] | None) -> None:
