@@ -6,10 +6,10 @@ all integers big-endian, values and row keys tagged exactly as in ``sinks.codec`
 
     key      := table utf-8 | 0x00 | column utf-8 | 0x00 | tagged row key
     value    := "CDK" | version u8 (= 1) | domain_id u64 | batch_id u64 | seq u32 |
-                table_len u8 | column_len u8 | row_len u32 | old_len u32 |
+                table_len u8 | column_len u8 | row_len u32 | old_len u32 | new_len u32 |
                 table | column | row (tagged key) | old (tagged value) | new (tagged value)
 
-``new`` runs to the end of the message. Table and column names are identifiers (at most
+The lengths must add up to the message's length exactly (a cut message is refused). Table and column names are identifiers (at most
 63 ASCII characters, no NUL), so the key is unambiguous. The partition of an event is
 ``crc32(key) mod partitions`` (``partition_of``), which is also librdkafka's
 ``consistent`` partitioner: one cell's events always land in the same partition.
@@ -46,11 +46,11 @@ __all__ = [
 
 EVENT_MAGIC: Final = b"CDK"
 EVENT_VERSION: Final = 1
-_HEAD: Final = struct.Struct(">3sBQQIBBII")
+_HEAD: Final = struct.Struct(">3sBQQIBBIII")
 _HEAD_DTYPE: Final = np.dtype([
     ("magic", "S3"), ("version", "u1"), ("domain_id", ">u8"), ("batch_id", ">u8"),
     ("seq", ">u4"), ("table_len", "u1"), ("column_len", "u1"), ("row_len", ">u4"),
-    ("old_len", ">u4"),
+    ("old_len", ">u4"), ("new_len", ">u4"),
 ])
 assert _HEAD_DTYPE.itemsize == _HEAD.size
 
@@ -122,6 +122,7 @@ def encode_event_messages(data: pa.RecordBatch) -> list[bytes]:
     head["column_len"] = _lengths(column)
     head["row_len"] = _lengths(row)
     head["old_len"] = _lengths(old)
+    head["new_len"] = _lengths(new)
     heads = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(_HEAD.size), n, [None, pa.py_buffer(head.tobytes())]
     ).cast(pa.binary())
@@ -134,7 +135,7 @@ def encode_event_messages(data: pa.RecordBatch) -> list[bytes]:
 def decode_event(value: bytes) -> RawEvent:
     """Parse one native event message, checking magic, version and lengths."""
     try:
-        magic, version, domain, batch, seq, tl, cl, rl, ol = _HEAD.unpack_from(value, 0)
+        magic, version, domain, batch, seq, tl, cl, rl, ol, nl = _HEAD.unpack_from(value, 0)
     except struct.error as exc:
         raise CodecError(f"native event message too short ({len(value)} bytes)") from exc
     if magic != EVENT_MAGIC:
@@ -144,8 +145,9 @@ def decode_event(value: bytes) -> RawEvent:
                          f"version {EVENT_VERSION}")
     pos = _HEAD.size
     end = pos + tl + cl + rl + ol
-    if end > len(value):
-        raise CodecError(f"native event message truncated ({len(value)} of >= {end} bytes)")
+    if end + nl != len(value):
+        raise CodecError(f"native event message truncated or padded ({len(value)} bytes, "
+                         f"its lengths say {end + nl})")
     try:
         table = value[pos : pos + tl].decode()
         column = value[pos + tl : pos + tl + cl].decode()
