@@ -9,8 +9,9 @@ all integers big-endian, values and row keys tagged exactly as in ``sinks.codec`
                 table_len u8 | column_len u8 | row_len u32 | old_len u32 | new_len u32 |
                 table | column | row (tagged key) | old (tagged value) | new (tagged value)
 
-The lengths must add up to the message's length exactly (a cut message is refused). Table and column names are identifiers (at most
-63 ASCII characters, no NUL), so the key is unambiguous. The partition of an event is
+The lengths must add up to the message's length exactly (a cut message is refused).
+Table and column names are identifiers (at most 63 ASCII characters, no NUL), so the key
+is unambiguous. The partition of an event is
 ``crc32(key) mod partitions`` (``partition_of``), which is also librdkafka's
 ``consistent`` partitioner: one cell's events always land in the same partition.
 

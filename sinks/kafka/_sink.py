@@ -219,11 +219,14 @@ class KafkaSink:
         # Step 4.
         produce = self._producer.produce
         topic = self.topic
-        for key, value, part in zip(keys, values, parts, strict=True):
-            try:
-                produce(topic, value, key, part)
-            except BufferError:
-                self._wait_for_room(functools.partial(produce, topic, value, key, part))
+        try:
+            for key, value, part in zip(keys, values, parts, strict=True):
+                try:
+                    produce(topic, value, key, part)
+                except BufferError:
+                    self._wait_for_room(functools.partial(produce, topic, value, key, part))
+        except self._kafka_exception as exc:
+            self._refused(exc)
         self._producer.poll(0)
 
     def write_epoch(self, record: EpochRecord) -> None:
@@ -257,6 +260,17 @@ class KafkaSink:
             send()
         except BufferError:
             self._wait_for_room(send)
+        except self._kafka_exception as exc:
+            self._refused(exc)
+
+    def _refused(self, exc: Exception) -> None:
+        """The producer refused a message outright (too large, ...): the sink is broken."""
+        self._failures.append((self.topic, -1, str(exc)))
+        raise KafkaDeliveryError(
+            f"the Kafka producer refused a message for topic {self.topic!r} ({exc}); the "
+            "messages before it were handed over, the ones after it were not, so the log "
+            "has a gap a consumer reports as InconsistentLog; the sink accepts nothing more"
+        ) from exc
 
     def _wait_for_room(self, send: Callable[[], None]) -> None:
         """Serve delivery reports until the local queue takes the message, or time out."""
