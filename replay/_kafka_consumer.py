@@ -10,6 +10,7 @@ last changeset it handed out ends, neither skipping nor repeating one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -25,6 +26,8 @@ from sinks.kafka._errors import KafkaConfigError, KafkaSinkError, KafkaUnavailab
 __all__ = ["KafkaConsistentConsumer", "aconsume_consistent", "consume_consistent"]
 
 log = structlog.get_logger()
+# librdkafka error codes meaning "the group coordinator is moving or loading": retry.
+_COORDINATOR_ERRORS = frozenset({14, 15, 16})  # LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
 
 
 class KafkaConsistentConsumer:
@@ -36,7 +39,10 @@ class KafkaConsistentConsumer:
     committed offsets, else the beginning of each partition. What is already applied:
     ``position`` (a token of ``replay.Position``/``Frontier``), else the token committed
     with the offsets, else nothing (the topic must then start at its domains' first
-    epochs). ``initial_state`` is the state the applied position stands for, if known.
+    epochs). ``initial_state`` is the state the applied position stands for: with it,
+    reading starts at the committed offsets; without it, the consumer rebuilds that
+    state from the beginning of the topic and hands out only what comes after the
+    position.
 
     Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
     ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
@@ -71,6 +77,7 @@ class KafkaConsistentConsumer:
             "allow.auto.create.topics": False,
             "logger": quiet_logger(),
             "error_cb": self._on_error,
+            "on_commit": self._on_commit,
         }
         settings.update(config or {})
         self._fatal: str | None = None
@@ -99,22 +106,36 @@ class KafkaConsistentConsumer:
                 "check the topic name (the sink creates it when given partitions=N)")
         self.partitions = len(meta.partitions)
         wanted = [ck.TopicPartition(self.topic, p) for p in range(self.partitions)]
-        try:
-            committed = self._consumer.committed(wanted, timeout=timeout)
-        except ck.KafkaException as exc:
-            raise KafkaUnavailable(
-                f"could not read the committed offsets of group {self.group_id!r} within "
-                f"{timeout}s: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while True:  # the group coordinator may still be loading: retry what is retriable
+            try:
+                committed = self._consumer.committed(
+                    wanted, timeout=max(deadline - time.monotonic(), 0.5))
+                break
+            except ck.KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = error is not None and hasattr(error, "retriable") and (
+                    error.retriable() or error.code() in _COORDINATOR_ERRORS)
+                if not retriable or time.monotonic() > deadline:
+                    raise KafkaUnavailable(
+                        f"could not read the committed offsets of group {self.group_id!r} "
+                        f"within {timeout}s: {exc}") from exc
+                time.sleep(0.1)
         if position is None:
             tokens = {tp.metadata for tp in committed if tp.offset >= 0 and tp.metadata}
             if len(tokens) > 1:
                 log.warning("kafka_commit_tokens_differ", group=self.group_id, tokens=tokens)
             position = max(tokens, key=len) if tokens else None
-        self.log = KafkaLog(self.partitions, encoding=encoding,
-                            assembler=Assembler(initial_state, position=position))
+        # The assembler checks every chain of events against the state it holds, so a
+        # resumed position needs the state it stands for. Without one, rebuild it: read
+        # from the beginning and keep quiet up to the position.
+        rebuild = position is not None and initial_state is None
+        self._hide = _frontier(position) if position is not None and rebuild else None
+        self.log = KafkaLog(self.partitions, encoding=encoding, assembler=Assembler(
+            initial_state, position=None if rebuild else position))
         assignment = []
         for tp in committed:
-            if tp.offset >= 0:
+            if tp.offset >= 0 and not rebuild:
                 self.log.seek(tp.partition, tp.offset)
                 assignment.append(ck.TopicPartition(self.topic, tp.partition, tp.offset))
             else:
@@ -153,31 +174,58 @@ class KafkaConsistentConsumer:
                 continue
             out.extend(feed(message.partition(), message.offset(), message.key(),
                             message.value(), message.headers()))
+        if self._hide is not None and out:
+            out = self._drop_hidden(out)
         return out
 
-    def commit(self) -> bool:
-        """Commit the offsets and position of the last changeset handed out.
+    def _drop_hidden(self, changesets: list[Changeset]) -> list[Changeset]:
+        """While rebuilding: drop changesets up to the position (and their commit points)."""
+        assert self._hide is not None
+        hidden = []
+        for changeset in changesets:
+            applied = self._hide.get(changeset.domain_id)
+            if applied is not None and changeset.epoch_seq <= applied.epoch_seq:
+                hidden.append(changeset)
+        if hidden:
+            points = self.log.commit_points
+            gone = {id(c) for c in hidden}
+            self.log.commit_points = type(points)(p for p in points if id(p[0]) not in gone)
+        return [c for c in changesets if all(c is not h for h in hidden)]
 
-        Step 1. Ask ``KafkaLog`` where a restart must read from, per partition.
-        Step 2. Commit those offsets synchronously with the position token as metadata.
-        A failed commit (broker away) is logged and returns False: the next one covers it,
-        and a restart from the older commit only re-reads what the position drops.
+    def commit(self, through: Changeset | None = None) -> bool:
+        """Commit the offsets and position after ``through`` (default: the last changeset
+        handed out), which the application has applied.
+
+        Step 1. Find the commit point of ``through`` (offsets per partition, token).
+        Step 2. Commit those offsets with the position token as metadata, asynchronously
+        (a broker outage must not stall reading; librdkafka sends commits in order and
+        ``close()`` waits for those in flight). A failed commit is logged: the next one
+        covers it, and a restart from an older commit re-reads, it does not skip.
         """
         # Step 1.
-        offsets = self.log.commit_offsets()
-        if not offsets:
+        points = self.log.commit_points
+        point = None
+        while points:
+            changeset, point = points.popleft()
+            if changeset is through:
+                break
+        if point is None or not point.offsets:
             return True
-        token = str(self.log.position)
         ck = self._ck
         # Step 2.
         try:
             self._consumer.commit(offsets=[
-                ck.TopicPartition(self.topic, p, o, metadata=token) for p, o in offsets.items()
-            ], asynchronous=False)
+                ck.TopicPartition(self.topic, p, o, metadata=point.token)
+                for p, o in point.offsets.items()
+            ], asynchronous=True)
         except ck.KafkaException as exc:
             log.warning("kafka_commit_failed", error=str(exc), group=self.group_id)
             return False
         return True
+
+    def _on_commit(self, err: Any, partitions: Any) -> None:
+        if err is not None:
+            log.warning("kafka_commit_failed", error=str(err), group=self.group_id)
 
     def end_offsets(self, timeout: float = 15.0) -> dict[int, int]:
         """The high watermark of every partition now."""
@@ -211,6 +259,14 @@ class KafkaConsistentConsumer:
         self.close()
 
 
+def _frontier(position: str | Position | Frontier) -> Frontier:
+    if isinstance(position, str):
+        return Frontier.parse(position)
+    if isinstance(position, Position):
+        return Frontier.of([position])
+    return position
+
+
 def consume_consistent(
     bootstrap: str,
     topic: str,
@@ -220,24 +276,30 @@ def consume_consistent(
     encoding: str = "native",
     until_end: bool = False,
     poll_timeout: float = 0.5,
+    commit_every: int = 100,
     **options: Any,
 ) -> Iterator[Changeset]:
     """Yield a verified changeset per quiescence point, forever (or ``until_end``).
 
-    Offsets are committed after the caller took every changeset of a poll (when it asks
-    for the next one), so a crash while applying one repeats it rather than losing it;
-    store ``changeset.position`` with what you apply and pass it back as ``position``
-    for exactly-once. With ``until_end`` it stops once it has read up to where the
-    partitions ended when it started. ``options`` go to ``KafkaConsistentConsumer``.
+    Offsets (with the position token) are committed once the caller has taken a
+    changeset and asks for the next one: after every ``commit_every`` changesets and
+    whenever the consumer has to wait for more. A crash while applying one repeats it
+    rather than losing it; store ``changeset.position`` with what you apply and pass it
+    back as ``position`` for exactly-once. With ``until_end`` it stops once it has read
+    up to where the partitions ended when it started. ``options`` go to ``KafkaConsistentConsumer``.
     """
     consumer = KafkaConsistentConsumer(bootstrap, topic, group_id=group_id,
                                        position=position, encoding=encoding, **options)
     try:
         end = consumer.end_offsets() if until_end else None
         while True:
-            changesets = consumer.poll(poll_timeout)
-            yield from changesets
-            if changesets:
+            taken = 0
+            for changeset in consumer.poll(poll_timeout):
+                yield changeset
+                taken += 1  # the caller is back: it applied the changeset
+                if taken % commit_every == 0:
+                    consumer.commit(changeset)
+            if taken % commit_every:
                 consumer.commit()
             if end is not None and consumer.reached(end):
                 return
@@ -254,6 +316,7 @@ async def aconsume_consistent(
     encoding: str = "native",
     until_end: bool = False,
     poll_timeout: float = 0.5,
+    commit_every: int = 100,
     **options: Any,
 ) -> AsyncIterator[Changeset]:
     """``consume_consistent`` for asyncio: the blocking calls run in a worker thread."""
@@ -263,10 +326,13 @@ async def aconsume_consistent(
     try:
         end = await asyncio.to_thread(consumer.end_offsets) if until_end else None
         while True:
-            changesets = await asyncio.to_thread(consumer.poll, poll_timeout)
-            for changeset in changesets:
+            taken = 0
+            for changeset in await asyncio.to_thread(consumer.poll, poll_timeout):
                 yield changeset
-            if changesets:
+                taken += 1
+                if taken % commit_every == 0:
+                    await asyncio.to_thread(consumer.commit, changeset)
+            if taken % commit_every:
                 await asyncio.to_thread(consumer.commit)
             if end is not None and consumer.reached(end):
                 return

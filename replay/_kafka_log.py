@@ -16,14 +16,14 @@ became consistent. For each partition and domain it:
    cancels events out and applies a changeset at each quiescence point.
 
 So nothing reaches the assembler before every partition vouched for it; the cut is the
-minimum verified epoch across partitions. ``commit_offsets()`` says, per partition,
-where a consumer restarted after the last changeset must begin: nothing before that
-offset is needed again.
+minimum verified epoch across partitions. ``commit_points`` pairs each changeset handed
+out with where a consumer restarted after applying it must begin (per partition, nothing
+before that offset is needed again) and the position token to resume with.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -38,10 +38,18 @@ from sinks.kafka import _debezium
 from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
 from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_batch
 
-__all__ = ["KafkaLog"]
+__all__ = ["CommitPoint", "KafkaLog"]
 
 _Identity = tuple[int, int, int]
 _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
+
+
+@dataclass(frozen=True)
+class CommitPoint:
+    """Where a consumer restarts once a changeset is applied: offsets and position token."""
+
+    offsets: dict[int, int]
+    token: str
 
 
 @dataclass
@@ -85,6 +93,9 @@ class KafkaLog:
         self._fed: dict[int, int] = {}  # domain -> last epoch fed to the assembler
         self._applied_end: dict[int, int] = {}
         self.duplicates = 0
+        # (changeset, where to restart once it is applied), in the order handed out;
+        # a consumer pops them as the application takes the changesets.
+        self.commit_points: deque[tuple[Changeset, CommitPoint]] = deque()
         for position in self.assembler.position:
             self._fed[position.domain_id] = position.epoch_seq
             self._applied_end[position.domain_id] = position.end_id
@@ -230,6 +241,8 @@ class KafkaLog:
             changesets = self.assembler.feed(whole)
             if changesets:
                 self._settle(domain, whole.end_id, epoch.marker_offsets)
+                point = CommitPoint(self.commit_offsets(), str(self.assembler.position))
+                self.commit_points.extend((changeset, point) for changeset in changesets)
             out.extend(changesets)
 
     def _first_epoch(self, domain: int) -> tuple[int, int] | None:
