@@ -44,13 +44,13 @@ def serve(port: int) -> None:
     """Run moto's S3 server on 127.0.0.1:port, one request at a time (see above)."""
     import moto.server
 
-    run_simple = moto.server.run_simple
+    run_simple = moto.server.run_simple  # type: ignore[attr-defined]
 
     def serial_run_simple(*args: Any, **kwargs: Any) -> None:
         kwargs["threaded"] = False
         run_simple(*args, **kwargs)
 
-    moto.server.run_simple = serial_run_simple
+    moto.server.run_simple = serial_run_simple  # type: ignore[attr-defined]
     moto.server.main(["-H", "127.0.0.1", "-p", str(port)])
 
 

@@ -22,7 +22,7 @@ def run_threads(count: int, target: Callable[[int], None]) -> None:
         try:
             barrier.wait()
             target(i)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
