@@ -40,10 +40,16 @@ FAKE_CREDENTIALS = {
 _REPO = Path(__file__).resolve().parents[2]
 
 
-def serve(port: int) -> None:
-    """Run moto's S3 server on 127.0.0.1:port, one request at a time (see above)."""
+def serve(port: int, *, serial: bool = True) -> None:
+    """Run moto's S3 server on 127.0.0.1:port, one request at a time (see above).
+
+    ``serial=False`` runs stock moto_server (threaded), for comparison only.
+    """
     import moto.server
 
+    if not serial:
+        moto.server.main(["-H", "127.0.0.1", "-p", str(port)])
+        return
     run_simple = moto.server.run_simple  # type: ignore[attr-defined]
 
     def serial_run_simple(*args: Any, **kwargs: Any) -> None:
@@ -54,14 +60,18 @@ def serve(port: int) -> None:
     moto.server.main(["-H", "127.0.0.1", "-p", str(port)])
 
 
-def start_moto(log_dir: Path, timeout: float = 60.0) -> tuple[ServiceProcess, str]:
+def start_moto(log_dir: Path, timeout: float = 60.0, *, serial: bool = True
+               ) -> tuple[ServiceProcess, str]:
     """Start moto on a free loopback port; return the process and its endpoint URL.
+
+    Stop it with ``process.stop()`` (by PID).
 
     Raises (with the server's log) if it does not answer S3 requests within ``timeout``.
     """
     port = free_port()
     env = {**os.environ, **FAKE_CREDENTIALS, "PYTHONPATH": str(_REPO)}
-    proc = ServiceProcess([sys.executable, "-m", "tests.services.s3", str(port)],
+    proc = ServiceProcess([sys.executable, "-m", "tests.services.s3", str(port),
+                           "serial" if serial else "threaded"],
                           log_dir / "moto.log", env=env, cwd=_REPO)
     endpoint = f"http://127.0.0.1:{port}"
     try:
@@ -119,4 +129,4 @@ def s3_bucket(s3_endpoint: str) -> Iterator[str]:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), serial=sys.argv[2:] != ["threaded"])
