@@ -74,10 +74,10 @@ class MonotonicIds:
         lock = self._lock
         lock.acquire()
         last = self._last
-        if 0 < ((candidate - last) & _MASK64) < _HALF:
-            issued = candidate
-        else:
-            issued = (last + 1) & _MASK64
+        # The compare-and-swap: take the clock if it moved past the last id (or nothing
+        # was issued yet: 0 is never issued), else last + 1.
+        ahead = 0 < ((candidate - last) & _MASK64) < _HALF
+        issued = candidate if ahead or last == 0 else (last + 1) & _MASK64
         if issued == 0:
             issued = 1
         self._last = issued
