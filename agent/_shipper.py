@@ -59,6 +59,7 @@ class _Flush:
 
 
 _STOP: Final = object()
+_EMPTY_SETSUM: Final = Setsum().hexdigest()
 
 
 class Shipper:
@@ -206,12 +207,14 @@ class Shipper:
                 f"epoch {seq}: sequencer counted {record.event_count} events, "
                 f"shipper saw {shipped}"
             )
-        digests = self._digests.pop(seq, [])
-        table_counts = self._table_counts.pop(seq, {})
-        record = dataclasses.replace(
-            record,
-            setsum=Setsum().insert_digests(b"".join(digests)).hexdigest(),
-            table_counts=tuple(sorted(table_counts.items())),
+        digests = self._digests.pop(seq, None)
+        table_counts = self._table_counts.pop(seq, None)
+        record = EpochRecord(
+            record.domain_id, seq, record.begin_id, record.end_id, record.event_count,
+            record.quiescent,
+            tuple(sorted(table_counts.items())) if table_counts else (),
+            Setsum.of_digests(digests).hexdigest() if digests else _EMPTY_SETSUM,
+            record.stream,
         )
         self._sink.write_epoch(record)
         self.shipped_epochs += 1
