@@ -330,7 +330,7 @@ class Agent(_Capture):
             assert batch is not None
             old = self.store.exchange(table, row, column, ABSENT)
             if old is not ABSENT:
-                self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+                self._record(batch, (table, row, column, old, ABSENT))
             return old
 
     def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
@@ -345,7 +345,7 @@ class Agent(_Capture):
                 old = self.store.exchange(table, row, column, ABSENT)
                 if old is not ABSENT:  # a racing writer may have removed it first
                     removed[column] = old  # type: ignore[assignment]
-                    self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+                    self._record(batch, (table, row, column, old, ABSENT))
         return removed
 
     def update(self, table: str, rows: Iterable[RowKey],
@@ -393,7 +393,7 @@ class Agent(_Capture):
                         ok = False
                         break
                     if not (old is ABSENT and new is ABSENT):
-                        self._record(batch, (table, row, column, old, new))  # type: ignore[arg-type]
+                        self._record(batch, (table, row, column, old, new))
                 results[row] = ok
         return results
 

@@ -144,7 +144,7 @@ class Shipper:
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
             time.sleep(self._linger)
-        taken = []
+        taken: list[object] = []
         popleft = items.popleft
         while items and len(taken) < _DRAIN_MAX:
             taken.append(popleft())
@@ -158,7 +158,7 @@ class Shipper:
             try:
                 # Events first, in one sink call: every epoch record in the group then
                 # follows all of its own events (later epochs' events may precede it).
-                self._ship_events([i for i in items if type(i) is Shipment])  # type: ignore[misc]
+                self._ship_events([i for i in items if type(i) is Shipment])
                 for item in items:
                     if type(item) is EpochRecord:
                         self._ship_epoch(item)
@@ -247,7 +247,7 @@ def _to_arrow(shipments: list[Shipment],
             rows.append(encode_key(row))
             columns.append(column)
             olds.append(encode_value(old))  # type: ignore[arg-type]
-            news.append(encode_value(new))
+            news.append(encode_value(new))  # type: ignore[arg-type]
     arrays = [pa.array(col, type=field.type) for col, field in zip(
         (domains, batches, seqs, tables, rows, columns, olds, news), EVENT_SCHEMA, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)

@@ -66,7 +66,7 @@ _known_names: set[str] = set()
 def check_name(kind: str, name: object) -> str:
     """Return ``name`` if it is an identifier, else raise ``InvalidWrite`` naming ``kind``."""
     if name in _known_names:
-        return name  # type: ignore[return-value]
+        return name
     if type(name) is not str or not _IDENTIFIER.match(name):
         raise InvalidWrite(
             f"{kind} name {name!r} is not an identifier "
@@ -118,9 +118,9 @@ def check_write(table: object, row: object, column: object, value: object) -> No
     """
     known = _known_names
     if (table in known and column in known
-            and (type(row) is str or (type(row) is int and INT64_MIN <= row <= INT64_MAX))  # type: ignore[operator]
+            and (type(row) is str or (type(row) is int and INT64_MIN <= row <= INT64_MAX))
             and (type(value) in _UNBOUNDED_TYPES
-                 or (type(value) is int and INT64_MIN <= value <= INT64_MAX))):  # type: ignore[operator]
+                 or (type(value) is int and INT64_MIN <= value <= INT64_MAX))):
         return
     check_name("table", table)
     check_row(row)
