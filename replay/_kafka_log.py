@@ -23,6 +23,7 @@ before that offset is needed again) and the position token to resume with.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,8 +41,69 @@ from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_
 
 __all__ = ["CommitPoint", "KafkaLog"]
 
-_Identity = tuple[int, int, int]
 _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
+
+
+_RING: Final = 1 << 64
+
+
+class _PendingBatches:
+    """Events of one domain in one partition waiting for their epoch marker, by batch.
+
+    Batch ids are kept in a heap ordered on the id ring (relative to the first id seen),
+    so the events before an epoch's end come out in O(k log n), however many later
+    batches wait behind them.
+    """
+
+    __slots__ = ("_base", "_batches", "_first_offset", "_heap")
+
+    def __init__(self) -> None:
+        self._base: int | None = None
+        self._batches: dict[int, dict[int, RawEvent]] = {}
+        self._first_offset: dict[int, int] = {}
+        self._heap: list[int] = []
+
+    def _rel(self, batch_id: int) -> int:
+        if self._base is None:
+            self._base = (batch_id - (1 << 63)) % _RING
+        return (batch_id - self._base) % _RING
+
+    def add(self, event: RawEvent, offset: int) -> RawEvent | None:
+        """Keep ``event`` (read at ``offset``); return the event already kept with its
+        identity, if any."""
+        batch = self._batches.get(event.batch_id)
+        if batch is None:
+            batch = self._batches[event.batch_id] = {}
+            self._first_offset[event.batch_id] = offset
+            heapq.heappush(self._heap, self._rel(event.batch_id))
+        known = batch.get(event.seq)
+        if known is None:
+            batch[event.seq] = event
+        return known
+
+    def take_before(self, end_id: int) -> tuple[list[RawEvent], int | None]:
+        """Remove and return every event of a batch before ``end_id``, and the smallest
+        offset they were read at."""
+        out: list[RawEvent] = []
+        first: int | None = None
+        if not self._heap:
+            return out, first
+        limit = self._rel(end_id)
+        heap, batches, base = self._heap, self._batches, self._base
+        assert base is not None
+        while heap and heap[0] < limit:
+            batch_id = (heapq.heappop(heap) + base) % _RING
+            out.extend(batches.pop(batch_id).values())
+            offset = self._first_offset.pop(batch_id)
+            first = offset if first is None else min(first, offset)
+        return out, first
+
+    def first_offset(self) -> int | None:
+        """The smallest offset an event still kept was read at."""
+        return min(self._first_offset.values(), default=None)
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 @dataclass(frozen=True)
@@ -58,9 +120,7 @@ class _Lane:
 
     next_epoch: int | None = None  # the epoch the next marker must be (None: not known yet)
     verified_end: int | None = None  # events of batches before this id were verified here
-    pending: dict[_Identity, RawEvent] = field(default_factory=dict)
-    unsettled_from: int | None = None  # first offset still needed after a restart
-    last_offset: int = -1
+    pending: _PendingBatches = field(default_factory=lambda: _PendingBatches())
 
 
 @dataclass
@@ -70,6 +130,8 @@ class _Epoch:
     whole: EpochRecord
     events: list[RawEvent] = field(default_factory=list)
     marker_offsets: dict[int, int] = field(default_factory=dict)
+    # per partition, the smallest offset of this epoch's messages (events or marker)
+    first_offsets: dict[int, int] = field(default_factory=dict)
     counted: int = 0
 
 
@@ -92,6 +154,9 @@ class KafkaLog:
         self._epochs: dict[tuple[int, int], _Epoch] = {}
         self._fed: dict[int, int] = {}  # domain -> last epoch fed to the assembler
         self._applied_end: dict[int, int] = {}
+        # per domain, the first offsets of epochs fed to the assembler but not yet part
+        # of a changeset handed out
+        self._fed_unsettled: dict[int, list[dict[int, int]]] = {}
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets.
@@ -116,21 +181,26 @@ class KafkaLog:
         """Take one message of ``partition`` (in the partition's order)."""
         self._next_offset[partition] = offset + 1
         if value is not None and value[:3] == EVENT_MAGIC:
-            self._event(partition, offset, decode_event(value))
+            try:
+                event = decode_event(value)
+            except CodecError as exc:
+                raise InconsistentLog(f"partition {partition} offset {offset} holds a corrupt "
+                                      f"event message: {exc}") from exc
+            self._event(partition, offset, event)
             return []
         marker = _marker_headers(headers)
         if marker is not None:
             return self._marker(partition, offset, *marker)
         if self.encoding == "debezium" and value is not None:
             try:
-                event = _debezium.decode_event(value)
+                change = _debezium.decode_event(value)
             except CodecError as exc:
                 raise InconsistentLog(f"partition {partition} offset {offset} holds a "
                                       f"message that is not a cdc-agent record: {exc}") from exc
             self._event(partition, offset, RawEvent(
-                event.domain_id, event.batch_id, event.seq, event.table,
-                encode_key(event.row), event.column, encode_value(event.old),
-                encode_value(event.new)))
+                change.domain_id, change.batch_id, change.seq, change.table,
+                encode_key(change.row), change.column, encode_value(change.old),
+                encode_value(change.new)))
             return []
         raise InconsistentLog(f"partition {partition} offset {offset} holds a message that "
                               f"is not a cdc-agent {self.encoding} record "
@@ -152,8 +222,7 @@ class KafkaLog:
         if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
-        identity = (domain, event.batch_id, event.seq)
-        known = lane.pending.get(identity)
+        known = lane.pending.add(event, offset)
         if known is not None:
             if known != event:
                 raise InconsistentLog(
@@ -161,10 +230,6 @@ class KafkaLog:
                     f"(batch {event.batch_id:#x}, seq {event.seq})", domain_id=domain)
             self.duplicates += 1
             return
-        lane.pending[identity] = event
-        lane.last_offset = offset
-        if lane.unsettled_from is None:
-            lane.unsettled_from = offset
 
     def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord
                 ) -> list[Changeset]:
@@ -176,14 +241,12 @@ class KafkaLog:
                                   f"for stream {part.stream} does not match its epoch",
                                   domain_id=domain, epoch_seq=seq)
         lane = self._lane(partition, domain)
-        covered = [e for e in lane.pending.values() if whole.covers(e.batch_id)]
-        for event in covered:
-            del lane.pending[(domain, event.batch_id, event.seq)]
+        covered, first_offset = lane.pending.take_before(whole.end_id)
         fed = self._fed.get(domain)
         if fed is not None and seq <= fed:
             self.duplicates += 1 + len(covered)  # an epoch already applied
-            lane.next_epoch = seq + 1
-            lane.verified_end = whole.end_id
+            if lane.next_epoch is None or lane.next_epoch <= seq:
+                lane.next_epoch, lane.verified_end = seq + 1, whole.end_id
             return []
         if lane.next_epoch is not None and seq < lane.next_epoch:
             self.duplicates += 1 + len(covered)  # this partition already vouched for it
@@ -206,9 +269,6 @@ class KafkaLog:
         _check_partition(partition, part, covered)
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
-        lane.last_offset = offset
-        if lane.unsettled_from is None:
-            lane.unsettled_from = offset
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
         epoch = self._epochs.get((domain, seq))
         if epoch is None:
@@ -219,6 +279,7 @@ class KafkaLog:
         epoch.events.extend(covered)
         epoch.counted += part.event_count
         epoch.marker_offsets[partition] = offset
+        epoch.first_offsets[partition] = offset if first_offset is None else first_offset
         return self._feed_complete(domain)
 
     def _feed_complete(self, domain: int) -> list[Changeset]:
@@ -239,8 +300,9 @@ class KafkaLog:
             if epoch.events:
                 self.assembler.feed(raw_events_batch(epoch.events))
             changesets = self.assembler.feed(whole)
+            self._fed_unsettled.setdefault(domain, []).append(epoch.first_offsets)
             if changesets:
-                self._settle(domain, whole.end_id, epoch.marker_offsets)
+                self._settle(domain, whole.end_id)
                 point = CommitPoint(self.commit_offsets(), str(self.assembler.position))
                 self.commit_points.extend((changeset, point) for changeset in changesets)
             out.extend(changesets)
@@ -249,12 +311,10 @@ class KafkaLog:
         firsts = [k for k, e in self._epochs.items() if k[0] == domain and e.whole.begin_id == 0]
         return min(firsts) if firsts else None
 
-    def _settle(self, domain: int, end_id: int, marker_offsets: dict[int, int]) -> None:
-        """A changeset of ``domain`` was handed out up to the markers at ``marker_offsets``."""
+    def _settle(self, domain: int, end_id: int) -> None:
+        """A changeset of ``domain`` was handed out: every epoch fed so far is applied."""
         self._applied_end[domain] = end_id
-        for partition, marker_offset in marker_offsets.items():
-            lane = self._lanes[partition][domain]
-            lane.unsettled_from = marker_offset + 1 if lane.last_offset > marker_offset else None
+        self._fed_unsettled.pop(domain, None)
 
     # -- restart points ---------------------------------------------------------------------
 
@@ -263,14 +323,25 @@ class KafkaLog:
         return {p: o for p, o in enumerate(self._next_offset) if o is not None}
 
     def commit_offsets(self) -> dict[int, int]:
-        """Per partition, the offset a restarted consumer must read from (read so far)."""
-        out = {}
+        """Per partition, the offset a restarted consumer must read from: the first
+        message not yet part of a changeset handed out (else the next one to read)."""
+        starts: list[list[int]] = [[] for _ in range(self.partitions)]
         for partition, lanes in enumerate(self._lanes):
-            starts = [lane.unsettled_from for lane in lanes.values()
-                      if lane.unsettled_from is not None]
+            for lane in lanes.values():
+                first = lane.pending.first_offset()
+                if first is not None:
+                    starts[partition].append(first)
+        unsettled = [e.first_offsets for e in self._epochs.values()]
+        for fed in self._fed_unsettled.values():
+            unsettled += fed
+        for first_offsets in unsettled:
+            for partition, offset in first_offsets.items():
+                starts[partition].append(offset)
+        out = {}
+        for partition, offsets in enumerate(starts):
             next_offset = self._next_offset[partition]
-            if starts:
-                out[partition] = min(starts)
+            if offsets:
+                out[partition] = min(offsets)
             elif next_offset is not None:
                 out[partition] = next_offset
         return out

@@ -13,6 +13,7 @@ the tally is kept per write batch and summed when an epoch record covers the bat
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -25,6 +26,8 @@ from sinks._setsum import Setsum
 from sinks.codec import segment_digests
 
 __all__ = ["BatchTotal", "PartitionTally", "partition_records"]
+
+_RING = 1 << 64
 
 
 class BatchTotal(NamedTuple):
@@ -51,6 +54,9 @@ class PartitionTally:
     def __init__(self, partitions: int) -> None:
         self.partitions = partitions
         self._open: dict[tuple[int, int], dict[int, _Share]] = {}
+        # Per domain, the open batch ids in a heap ordered on the id ring (relative to a
+        # base), so closing an epoch costs O(k log n) however many batches wait behind it.
+        self._heaps: dict[int, tuple[int, list[int]]] = {}
 
     def __len__(self) -> int:
         """How many write batches are waiting for their epoch record."""
@@ -76,18 +82,30 @@ class PartitionTally:
         shares = self._open.get((domain_id, batch_id))
         if shares is None:
             shares = self._open[(domain_id, batch_id)] = {}
+            base, heap = self._heap(domain_id, batch_id)
+            heapq.heappush(heap, (batch_id - base) % _RING)
         share = shares.get(part)
         if share is None:
             share = shares[part] = _Share()
         return share
+
+    def _heap(self, domain_id: int, batch_id: int) -> tuple[int, list[int]]:
+        entry = self._heaps.get(domain_id)
+        if entry is None:
+            entry = self._heaps[domain_id] = ((batch_id - (1 << 63)) % _RING, [])
+        return entry
 
     def close_epoch(self, record: EpochRecord) -> tuple[list[EpochRecord], list[BatchTotal]]:
         """One record per partition for ``record``, and the totals of the batches it covers.
 
         The covered batches are forgotten; batches are listed in id order.
         """
-        covered = sorted(key for key in self._open
-                         if key[0] == record.domain_id and record.covers(key[1]))
+        covered = []
+        if record.domain_id in self._heaps:
+            base, heap = self._heaps[record.domain_id]
+            limit = (record.end_id - base) % _RING
+            while heap and heap[0] < limit:
+                covered.append((record.domain_id, (heapq.heappop(heap) + base) % _RING))
         shares: list[list[_Share]] = [[] for _ in range(self.partitions)]
         totals = []
         for key in covered:
