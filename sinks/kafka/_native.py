@@ -86,8 +86,7 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 def partitions_of(keys: Sequence[bytes], partitions: int) -> np.ndarray:
     """``partition_of`` for many keys, as an int64 array."""
-    crc = zlib.crc32
-    return np.fromiter((crc(k) for k in keys), dtype=np.int64, count=len(keys)) % partitions
+    return np.array(list(map(zlib.crc32, keys)), dtype=np.int64) % partitions
 
 
 def _binary(column: pa.Array) -> pa.Array:
