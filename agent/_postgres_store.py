@@ -1,0 +1,456 @@
+"""PostgreSQL as a relaxed store: ``PostgresStore`` (threads) and ``AsyncPostgresStore`` (asyncio).
+
+Both implement the RelaxedStore protocol over existing tables described by
+``TableSpec``s: ``exchange``, ``compare_exchange``, ``get``, ``read_row``, ``snapshot``.
+Every cell write is one autocommit statement that swaps the value and returns the old
+one atomically (see ``agent._postgres_sql``); no transaction spans two cells. Each
+call borrows a connection from a small pool, so threads (or tasks) write in parallel.
+
+psycopg 3 is imported when a store is built; without it the error names the extra
+``cdc-agent[postgres]``. psycopg's exceptions are mapped to ours here and only here:
+
+- a value, row key, table or column the tables cannot hold: ``InvalidWrite``, raised
+  before anything is sent;
+- the server refused or aborted the statement (any error carrying a SQLSTATE, a
+  terminated backend included): ``WriteFailed``, the write did not take effect;
+- the connection broke with no answer from the server: ``WriteOutcomeUnknown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from agent._postgres_spec import (
+    PostgresError,
+    SchemaMismatch,
+    TableSpec,
+    WriteFailed,
+    WriteOutcomeUnknown,
+)
+from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value, check_value
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from agent._postgres_sql import Steps, TableInfo
+
+__all__ = ["AsyncPostgresStore", "PostgresStore", "require_psycopg"]
+
+Cell = tuple[str, RowKey, str]
+
+
+def require_psycopg() -> Any:
+    """Import psycopg, or fail with the name of the extra that installs it."""
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the PostgreSQL store needs psycopg 3; install the extra: "
+            "pip install 'cdc-agent[postgres]'"
+        ) from exc
+    return psycopg
+
+
+def _map_error(exc: Exception, what: str, writing: bool) -> PostgresError:
+    """Turn a psycopg error into ours; the message says whether the write took effect."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:
+        kept = "it did not take effect and no event was recorded" if writing else \
+            "nothing changed"
+        return WriteFailed(f"PostgreSQL refused {what} ({sqlstate}: {exc}); {kept}")
+    if writing:
+        return WriteOutcomeUnknown(
+            f"the connection to PostgreSQL broke during {what} before the server answered "
+            f"({exc}); the write may or may not have taken effect and no event was recorded: "
+            "the log may now lag the store for this cell. Re-read the cell, and write it "
+            "again through the agent to bring the log back in line"
+        )
+    return PostgresError(f"the connection to PostgreSQL broke during {what} ({exc}); "
+                         "nothing changed; retry")
+
+
+def _check_tables(tables: Mapping[str, TableSpec]) -> dict[str, TableSpec]:
+    from sequencer import check_name
+
+    if not tables:
+        raise SchemaMismatch("a PostgreSQL store needs at least one table")
+    checked: dict[str, TableSpec] = {}
+    for name, spec in tables.items():
+        check_name("table", name)
+        if not isinstance(spec, TableSpec):
+            raise SchemaMismatch(f"table {name!r}: expected a TableSpec, got {spec!r:.60}")
+        checked[name] = spec
+    return checked
+
+
+class _Base:
+    """What the sync and async stores share: the checked tables and the checks on a call."""
+
+    _infos: dict[str, TableInfo]
+
+    def _info(self, table: str) -> TableInfo:
+        info = self._infos.get(table)
+        if info is None:
+            raise InvalidWrite(
+                f"table {table!r} is not one of this store's tables {sorted(self._infos)}; "
+                "nothing was written"
+            )
+        return info
+
+    def _write_target(self, table: str, row: RowKey, column: str,
+                      *values: Value | Absent) -> TableInfo:
+        info = self._info(table)
+        info.check_row(row)
+        col = info.column(column)
+        for value in values:
+            if value is not ABSENT:
+                check_value(value)
+                info.check_value(col, value)  # type: ignore[arg-type]
+        return info
+
+    def _read_target(self, table: str, row: RowKey, column: str | None) -> TableInfo:
+        info = self._info(table)
+        info.check_row(row)
+        if column is not None:
+            info.column(column)
+        return info
+
+
+# -- threads ---------------------------------------------------------------------------------
+
+
+class _Pool:
+    """A few autocommit connections, handed out one per call; broken ones are dropped."""
+
+    def __init__(self, dsn: str, size: int, connect_timeout: float) -> None:
+        self._psycopg = require_psycopg()
+        self._dsn = dsn
+        self._connect_timeout = connect_timeout
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def connect(self) -> psycopg.Connection[Any]:
+        return self._psycopg.connect(  # type: ignore[no-any-return]
+            self._dsn, autocommit=True, prepare_threshold=0,
+            connect_timeout=max(1, int(self._connect_timeout)),
+        )
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._closed:
+            raise PostgresError("the PostgreSQL store is closed")
+        self._slots.acquire()
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self.connect()
+            try:
+                yield conn
+            finally:
+                if conn.closed or conn.broken or self._closed:
+                    conn.close()
+                else:
+                    with self._lock:
+                        self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _run(conn: psycopg.Connection[Any], steps: Steps) -> Any:
+    """Drive an operation's steps on one connection, one statement per step."""
+    try:
+        query, params = next(steps)
+        while True:
+            cur = conn.cursor(binary=True)
+            cur.execute(query, params)
+            rows = cur.fetchall() if cur.description is not None else []
+            query, params = steps.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
+class PostgresStore(_Base):
+    """A relaxed store over existing PostgreSQL tables, for threads.
+
+    ``tables`` maps each table name to its ``TableSpec``; the tables are checked
+    against the catalog here (``SchemaMismatch`` if they do not fit). ``pool_size``
+    bounds the connections, hence the calls running at once.
+    """
+
+    def __init__(self, dsn: str, tables: Mapping[str, TableSpec], *, pool_size: int = 8,
+                 connect_timeout: float = 10.0) -> None:
+        from agent._postgres_sql import INTROSPECT_SQL, build_table_info
+
+        specs = _check_tables(tables)
+        self._pool = _Pool(dsn, pool_size, connect_timeout)
+        psycopg = self._pool._psycopg
+        try:
+            with self._pool.connection() as conn:
+                self._infos = {
+                    name: build_table_info(name, spec,
+                                           conn.execute(INTROSPECT_SQL, (name,)).fetchall())
+                    for name, spec in specs.items()
+                }
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise PostgresError(f"could not read the table definitions: {exc}") from exc
+        except Exception:
+            self._pool.close()
+            raise
+
+    @property
+    def tables(self) -> dict[str, TableSpec]:
+        return {name: info.spec for name, info in self._infos.items()}
+
+    def _call(self, steps: Steps, what: str, writing: bool) -> Any:
+        psycopg = self._pool._psycopg
+        try:
+            with self._pool.connection() as conn:
+                return _run(conn, steps)
+        except psycopg.Error as exc:
+            raise _map_error(exc, what, writing) from exc
+
+    def exchange(self, table: str, row: RowKey, column: str,
+                 value: Value | Absent) -> Value | Absent:
+        """Set the cell to ``value`` (ABSENT deletes it); return the value it replaced."""
+        from agent._postgres_sql import exchange_steps
+
+        info = self._write_target(table, row, column, value)
+        return self._call(exchange_steps(info, row, column, value),  # type: ignore[no-any-return]
+                          f"the write of {table}[{row!r}].{column}", True)
+
+    def compare_exchange(self, table: str, row: RowKey, column: str, expected: Value | Absent,
+                         value: Value | Absent) -> tuple[bool, Value | Absent]:
+        """Set the cell to ``value`` if it holds ``expected`` bit for bit; return (swapped, old)."""
+        from agent._postgres_sql import compare_exchange_steps
+
+        info = self._write_target(table, row, column, expected, value)
+        return self._call(  # type: ignore[no-any-return]
+            compare_exchange_steps(info, row, column, expected, value),
+            f"the conditional write of {table}[{row!r}].{column}", True)
+
+    def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        from agent._postgres_sql import get_steps
+
+        info = self._read_target(table, row, column)
+        return self._call(get_steps(info, row, column),  # type: ignore[no-any-return]
+                          f"the read of {table}[{row!r}].{column}", False)
+
+    def read_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        from agent._postgres_sql import read_row_steps
+
+        info = self._read_target(table, row, None)
+        return self._call(read_row_steps(info, row),  # type: ignore[no-any-return]
+                          f"the read of {table}[{row!r}]", False)
+
+    def snapshot(self) -> dict[Cell, Value]:
+        """Every present cell of every table, read in one REPEATABLE READ transaction."""
+        from agent._postgres_sql import scan_steps
+
+        psycopg = self._pool._psycopg
+        cells: dict[Cell, Value] = {}
+        try:
+            with self._pool.connection() as conn:
+                conn.autocommit = False
+                try:
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    with conn.transaction():
+                        for info in self._infos.values():
+                            cells.update(_run(conn, scan_steps(info)))
+                finally:
+                    if not (conn.closed or conn.broken):
+                        conn.isolation_level = None
+                        conn.autocommit = True
+        except psycopg.Error as exc:
+            raise _map_error(exc, "the snapshot", False) from exc
+        return cells
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- asyncio ---------------------------------------------------------------------------------
+
+
+class _AsyncPool:
+    def __init__(self, dsn: str, size: int, connect_timeout: float) -> None:
+        self._psycopg = require_psycopg()
+        self._dsn = dsn
+        self._size = size
+        self._connect_timeout = connect_timeout
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._closed = False
+
+    async def connect(self) -> psycopg.AsyncConnection[Any]:
+        return await self._psycopg.AsyncConnection.connect(  # type: ignore[no-any-return]
+            self._dsn, autocommit=True, prepare_threshold=0,
+            connect_timeout=max(1, int(self._connect_timeout)),
+        )
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._closed:
+            raise PostgresError("the PostgreSQL store is closed")
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._size)
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self.connect()
+            try:
+                yield conn
+            finally:
+                if conn.closed or conn.broken or self._closed:
+                    await conn.close()
+                else:
+                    self._idle.append(conn)
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+
+
+async def _arun(conn: psycopg.AsyncConnection[Any], steps: Steps) -> Any:
+    try:
+        query, params = next(steps)
+        while True:
+            cur = conn.cursor(binary=True)
+            await cur.execute(query, params)
+            rows = await cur.fetchall() if cur.description is not None else []
+            query, params = steps.send(rows)
+    except StopIteration as stop:
+        return stop.value
+
+
+class AsyncPostgresStore(_Base):
+    """``PostgresStore`` for asyncio: the same methods, as coroutines.
+
+    The tables are checked on ``await store.open()`` (or ``async with store``), and at
+    the latest before the first call goes out.
+    """
+
+    def __init__(self, dsn: str, tables: Mapping[str, TableSpec], *, pool_size: int = 8,
+                 connect_timeout: float = 10.0) -> None:
+        self._specs = _check_tables(tables)
+        self._pool = _AsyncPool(dsn, pool_size, connect_timeout)
+        self._infos = {}
+        self._opened = False
+
+    async def open(self) -> AsyncPostgresStore:
+        from agent._postgres_sql import INTROSPECT_SQL, build_table_info
+
+        if self._opened:
+            return self
+        psycopg = self._pool._psycopg
+        infos = {}
+        try:
+            async with self._pool.connection() as conn:
+                for name, spec in self._specs.items():
+                    cur = await conn.execute(INTROSPECT_SQL, (name,))
+                    infos[name] = build_table_info(name, spec, await cur.fetchall())
+        except psycopg.Error as exc:
+            raise PostgresError(f"could not read the table definitions: {exc}") from exc
+        self._infos = infos
+        self._opened = True
+        return self
+
+    @property
+    def tables(self) -> dict[str, TableSpec]:
+        return dict(self._specs)
+
+    async def _call(self, steps: Steps, what: str, writing: bool) -> Any:
+        psycopg = self._pool._psycopg
+        try:
+            async with self._pool.connection() as conn:
+                return await _arun(conn, steps)
+        except psycopg.Error as exc:
+            raise _map_error(exc, what, writing) from exc
+
+    async def exchange(self, table: str, row: RowKey, column: str,
+                       value: Value | Absent) -> Value | Absent:
+        from agent._postgres_sql import exchange_steps
+
+        await self.open()
+        info = self._write_target(table, row, column, value)
+        return await self._call(  # type: ignore[no-any-return]
+            exchange_steps(info, row, column, value),
+            f"the write of {table}[{row!r}].{column}", True)
+
+    async def compare_exchange(self, table: str, row: RowKey, column: str,
+                               expected: Value | Absent,
+                               value: Value | Absent) -> tuple[bool, Value | Absent]:
+        from agent._postgres_sql import compare_exchange_steps
+
+        await self.open()
+        info = self._write_target(table, row, column, expected, value)
+        return await self._call(  # type: ignore[no-any-return]
+            compare_exchange_steps(info, row, column, expected, value),
+            f"the conditional write of {table}[{row!r}].{column}", True)
+
+    async def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        from agent._postgres_sql import get_steps
+
+        await self.open()
+        info = self._read_target(table, row, column)
+        return await self._call(get_steps(info, row, column),  # type: ignore[no-any-return]
+                                f"the read of {table}[{row!r}].{column}", False)
+
+    async def read_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        from agent._postgres_sql import read_row_steps
+
+        await self.open()
+        info = self._read_target(table, row, None)
+        return await self._call(read_row_steps(info, row),  # type: ignore[no-any-return]
+                                f"the read of {table}[{row!r}]", False)
+
+    async def snapshot(self) -> dict[Cell, Value]:
+        from agent._postgres_sql import scan_steps
+
+        await self.open()
+        psycopg = self._pool._psycopg
+        cells: dict[Cell, Value] = {}
+        try:
+            async with self._pool.connection() as conn:
+                await conn.set_autocommit(False)
+                try:
+                    await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+                    async with conn.transaction():
+                        for info in self._infos.values():
+                            cells.update(await _arun(conn, scan_steps(info)))
+                finally:
+                    if not (conn.closed or conn.broken):
+                        await conn.set_isolation_level(None)
+                        await conn.set_autocommit(True)
+        except psycopg.Error as exc:
+            raise _map_error(exc, "the snapshot", False) from exc
+        return cells
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncPostgresStore:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
