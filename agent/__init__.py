@@ -1,1 +1,22 @@
-"""Application side: write batches, the Agent, relaxed stores, the sidecar, the CLI."""
+"""Application side: write-batch scoping, the Agent, relaxed stores, the command line.
+
+May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start with
+``_agent.py`` (batches and capture), then ``_store.py`` (what a relaxed store is).
+"""
+
+from agent._agent import Agent, AgentClosed, QuiescenceTimeout
+from agent._shipper import ShippingFailed
+from agent._store import AsyncRelaxedStore, MemoryStore, RelaxedStore
+from sequencer import ABSENT, InvalidWrite
+
+__all__ = [
+    "ABSENT",
+    "Agent",
+    "AgentClosed",
+    "AsyncRelaxedStore",
+    "InvalidWrite",
+    "MemoryStore",
+    "QuiescenceTimeout",
+    "RelaxedStore",
+    "ShippingFailed",
+]

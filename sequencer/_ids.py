@@ -74,10 +74,7 @@ class MonotonicIds:
         lock = self._lock
         lock.acquire()
         last = self._last
-        if 0 < ((candidate - last) & _MASK64) < _HALF:
-            issued = candidate
-        else:
-            issued = (last + 1) & _MASK64
+        issued = candidate if 0 < candidate - last & _MASK64 < _HALF else last + 1 & _MASK64
         if issued == 0:
             issued = 1
         self._last = issued

@@ -48,7 +48,7 @@ class Absent:
 
 ABSENT: Final = Absent()
 
-Value: TypeAlias = None | bool | int | float | str | bytes
+Value: TypeAlias = bool | int | float | str | bytes | None
 RowKey: TypeAlias = str | int
 
 

@@ -293,7 +293,7 @@ def _decode_epoch(payload: memoryview) -> EpochRecord:
     return EpochRecord(
         domain_id=domain, epoch_seq=seq, begin_id=begin, end_id=end, event_count=count,
         quiescent=bool(flags & 1), table_counts=tuple(counts),
-        setsum=digest.hex() if any(digest) else "",
+        setsum=digest.hex(),
         stream=stream if flags & 2 else None,
     )
 

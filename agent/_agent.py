@@ -1,0 +1,405 @@
+"""The Agent: wraps a relaxed store, scopes write batches, and captures every write.
+
+Writes inside ``with agent.batch():`` share one write batch; the batch in force is
+held in a ``ContextVar``, so each thread and each asyncio task sees its own, and a
+nested ``batch()`` joins the outer one. A write outside any batch gets a short batch of
+its own. There is deliberately no getter for "the current batch id": an operation that
+needs one opens or joins a batch first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Final
+
+import structlog
+
+from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
+from agent._store import RelaxedStore
+from sequencer import (
+    ABSENT,
+    Absent,
+    BatchTicket,
+    EpochRecord,
+    EpochSequencer,
+    MonotonicIds,
+    RowKey,
+    Value,
+    check_name,
+    check_row,
+    check_value,
+    new_domain_id,
+)
+from sinks import Sink
+
+__all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
+
+log = structlog.get_logger()
+
+SEGMENT_EVENTS: Final = 1 << 16  # events per shipped segment (sinks.codec.SEGMENT_BITS)
+
+
+class QuiescenceTimeout(TimeoutError):
+    """Forced quiescence held a new batch back longer than the agent's wait timeout."""
+
+
+class AgentClosed(RuntimeError):
+    """A write was attempted after ``Agent.close()``."""
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Batch:
+    __slots__ = ("depth", "events", "seq_start", "ticket")
+
+    def __init__(self, ticket: BatchTicket) -> None:
+        self.ticket = ticket
+        self.events: list[PendingEvent] = []
+        self.seq_start = 0
+        self.depth = 1
+
+
+class _BatchScope:
+    """``with agent.batch():`` (also ``async with``): opens or joins a write batch."""
+
+    __slots__ = ("_agent", "_batch", "_token")
+
+    def __init__(self, agent: _Capture) -> None:
+        self._agent = agent
+        self._batch: _Batch | None = None
+
+    def __enter__(self) -> None:
+        agent = self._agent
+        current = agent._current.get()
+        if current is not None:
+            current.depth += 1  # nested: join the outer batch
+            self._batch = current
+            return
+        batch = agent._open()
+        self._batch = batch
+        self._token = agent._current.set(batch)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        batch = self._batch
+        assert batch is not None
+        batch.depth -= 1
+        if batch.depth:
+            return
+        self._agent._current.reset(self._token)
+        # Even when the body raised, the writes that took effect are real: ship them.
+        self._agent._close(batch)
+
+    async def __aenter__(self) -> None:
+        agent = self._agent
+        current = agent._current.get()
+        if current is not None:
+            current.depth += 1
+            self._batch = current
+            return
+        batch = await agent._aopen()
+        self._batch = batch
+        self._token = agent._current.set(batch)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class _Capture:
+    """The machinery shared by ``Agent`` and ``AsyncAgent``: sequencer, scoping, shipping."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        on_quiescence: Callable[[EpochRecord], None] | None = None,
+        domain_id: int | None = None,
+        ids: MonotonicIds | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        max_quiescence_interval: float | None = None,
+        quiescence_wait_timeout: float = 60.0,
+        max_queue: int = 1024,
+    ) -> None:
+        self.domain_id = domain_id if domain_id is not None else new_domain_id()
+        self._sink = sink
+        self._on_quiescence = on_quiescence
+        self._clock_ns = clock_ns
+        self._ids = ids or MonotonicIds()
+        self._wait_timeout = quiescence_wait_timeout
+        self._cond = threading.Condition(threading.Lock())
+        self._sequencer = EpochSequencer(
+            self.domain_id, self._ids.next, now_ns=clock_ns(),
+            max_quiescence_interval_ns=(
+                None if max_quiescence_interval is None
+                else int(max_quiescence_interval * 1e9)),
+        )
+        self._current: ContextVar[_Batch | None] = ContextVar(
+            f"cdc_batch_{self.domain_id:x}", default=None)
+        self._shipper = Shipper(sink, max_queue=max_queue)
+        self._closed = False
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
+        log.info("cdc.agent_started", domain_id=f"{self.domain_id:016x}")
+
+    # -- public --------------------------------------------------------------------------
+
+    def batch(self) -> _BatchScope:
+        """A write batch for the block: ``with agent.batch(): ...`` (joins an outer one)."""
+        return _BatchScope(self)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every record of every closed batch is durable in the sink."""
+        self._shipper.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for open batches to end (the sequencer quiesces), flush, close the sink.
+
+        Calling it again does nothing.
+        """
+        if self._closed:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._sequencer.quiescent:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise QuiescenceTimeout(
+                        f"{self._sequencer.open_batches()} write batches still open after "
+                        f"{timeout}s; close() needs them to end")
+                self._cond.wait(remaining)
+            self._closed = True
+        try:
+            self._shipper.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            self._shipper.stop()
+            self._sink.close()
+        log.info("cdc.agent_closed", domain_id=f"{self.domain_id:016x}", **self.stats)
+
+    def __enter__(self) -> _Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def shipping_error(self) -> BaseException | None:
+        return self._shipper.error
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def _open(self) -> _Batch:
+        if self._closed:
+            raise AgentClosed("this Agent is closed; create a new one to capture more writes")
+        self._check_shipping()
+        cond = self._cond
+        with cond:
+            ticket = self._sequencer.open_batch(self._clock_ns())
+            if ticket is None:
+                deadline = time.monotonic() + self._wait_timeout
+                while ticket is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise QuiescenceTimeout(
+                            f"forced quiescence held a new write batch back for "
+                            f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
+                            "are still open (a batch left open too long?)")
+                    cond.wait(remaining)
+                    ticket = self._sequencer.open_batch(self._clock_ns())
+            self.stats["batches"] += 1
+        return _Batch(ticket)
+
+    async def _aopen(self) -> _Batch:
+        """``_open`` for asyncio: waits for forced quiescence without blocking the loop."""
+        if self._closed:
+            raise AgentClosed("this Agent is closed; create a new one to capture more writes")
+        self._check_shipping()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_timeout
+        while True:
+            with self._cond:
+                ticket = self._sequencer.open_batch(self._clock_ns())
+                if ticket is not None:
+                    self.stats["batches"] += 1
+                    return _Batch(ticket)
+                waiter = loop.create_future()
+                self._async_waiters.append((loop, waiter))
+            remaining = deadline - loop.time()
+            try:
+                await asyncio.wait_for(waiter, max(0.0, remaining))
+            except TimeoutError:
+                raise QuiescenceTimeout(
+                    f"forced quiescence held a new write batch back for {self._wait_timeout}s"
+                ) from None
+
+    def _check_shipping(self) -> None:
+        error = self._shipper.error
+        if error is not None:
+            raise ShippingFailed(
+                f"shipping to the sink failed ({error!r}); the store kept every write, "
+                "but the log misses the records from that point on") from error
+
+    def _close(self, batch: _Batch) -> None:
+        total = batch.seq_start + len(batch.events)
+        self._ship_segment(batch)
+        cond = self._cond
+        with cond:
+            records = self._sequencer.close_batch(batch.ticket, self._clock_ns(), total)
+            self.stats["events"] += total
+            if not records:
+                return
+            for record in records:
+                self._shipper.put(record)
+            self.stats["epochs"] += len(records)
+            marker = records[-1]
+            if marker.quiescent:
+                self.stats["quiescence_points"] += 1
+                try:
+                    if self._on_quiescence is not None:
+                        # New batches wait on this lock: the store is at the quiescent state.
+                        self._on_quiescence(marker)
+                finally:
+                    cond.notify_all()
+                    self._wake_async_waiters()
+
+    def _wake_async_waiters(self) -> None:
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_resolve, waiter)
+
+    def _ship_segment(self, batch: _Batch) -> None:
+        if batch.events:
+            ticket = batch.ticket
+            self._shipper.put(Shipment(self.domain_id, ticket.batch_id, ticket.epoch_seq,
+                                       batch.seq_start, batch.events))
+            batch.seq_start += len(batch.events)
+            batch.events = []
+
+    def _record(self, batch: _Batch, event: PendingEvent) -> None:
+        events = batch.events
+        events.append(event)
+        if len(events) == SEGMENT_EVENTS:
+            self._ship_segment(batch)
+
+
+class Agent(_Capture):
+    """Captures every write to a relaxed store as change events in write batches.
+
+    ``Agent(store, sink, on_quiescence=callback)``: ``callback(marker)`` runs each time
+    the sequencer quiesces, while new batches are held back, so it can look at the store
+    at exactly that point (it must not write through the agent).
+    """
+
+    def __init__(self, store: RelaxedStore, sink: Sink, **options: object) -> None:
+        super().__init__(sink, **options)  # type: ignore[arg-type]
+        self.store = store
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
+        """Write one cell; return the value it replaced (ABSENT if it did not exist)."""
+        check_name("table", table)
+        check_row(row)
+        check_name("column", column)
+        check_value(value)
+        batch = self._current.get()
+        if batch is None:  # an automatic short batch for this one write
+            with self.batch():
+                return self._set(self._current.get(), table, row, column, value)
+        return self._set(batch, table, row, column, value)
+
+    def _set(self, batch: _Batch | None, table: str, row: RowKey, column: str,
+             value: Value) -> Value | Absent:
+        assert batch is not None
+        old = self.store.exchange(table, row, column, value)
+        self._record(batch, (table, row, column, old, value))
+        return old
+
+    def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        """Remove one cell; return the value it held (ABSENT if none: no event)."""
+        check_name("table", table)
+        check_row(row)
+        check_name("column", column)
+        with self.batch():
+            batch = self._current.get()
+            assert batch is not None
+            old = self.store.exchange(table, row, column, ABSENT)
+            if old is not ABSENT:
+                self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+            return old
+
+    def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        """Remove every cell of a row, in one batch; return the values removed."""
+        check_name("table", table)
+        check_row(row)
+        removed: dict[str, Value] = {}
+        with self.batch():
+            batch = self._current.get()
+            assert batch is not None
+            for column in self.store.read_row(table, row):
+                old = self.store.exchange(table, row, column, ABSENT)
+                if old is not ABSENT:  # a racing writer may have removed it first
+                    removed[column] = old  # type: ignore[assignment]
+                    self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+        return removed
+
+    def update(self, table: str, rows: Iterable[RowKey],
+               values: Mapping[str, Value]) -> None:
+        """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
+        check_name("table", table)
+        rows = [check_row(r) for r in rows]
+        for column, value in values.items():
+            check_name("column", column)
+            check_value(value)
+        with self.batch():
+            batch = self._current.get()
+            assert batch is not None
+            for row in rows:
+                for column, value in values.items():
+                    old = self.store.exchange(table, row, column, value)
+                    self._record(batch, (table, row, column, old, value))
+
+    def conditional_set(
+        self, table: str,
+        changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
+    ) -> dict[RowKey, bool]:
+        """Per row, swap each cell from ``expected`` to ``new``; return per-row success.
+
+        Each cell's swap is atomic; a row stops at its first cell that does not hold the
+        expected value, and earlier cells of that row stay written (the store fails
+        partially, at row granularity at best). Only swaps that happened become events.
+        """
+        check_name("table", table)
+        for row, cells in changes.items():
+            check_row(row)
+            for column, (_expected, new) in cells.items():
+                check_name("column", column)
+                if new is not ABSENT:
+                    check_value(new)
+        results: dict[RowKey, bool] = {}
+        with self.batch():
+            batch = self._current.get()
+            assert batch is not None
+            for row, cells in changes.items():
+                ok = True
+                for column, (expected, new) in cells.items():
+                    swapped, old = self.store.compare_exchange(table, row, column, expected, new)
+                    if not swapped:
+                        ok = False
+                        break
+                    if not (old is ABSENT and new is ABSENT):
+                        self._record(batch, (table, row, column, old, new))  # type: ignore[arg-type]
+                results[row] = ok
+        return results
+
+    def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        """Read one cell (no batch, no event)."""
+        return self.store.get(table, row, column)

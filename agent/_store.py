@@ -1,0 +1,144 @@
+"""Relaxed stores: the protocol the Agent wraps, and a really relaxed in-memory one.
+
+A relaxed store guarantees one thing: each single-cell operation is atomic. Nothing
+spans cells: two writers' batches interleave freely, and a conditional store can
+succeed for some cells and fail for others.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from sequencer import ABSENT, Absent, RowKey, Value
+
+__all__ = ["AsyncRelaxedStore", "Cell", "MemoryStore", "RelaxedStore"]
+
+Cell = tuple[str, RowKey, str]
+
+
+@runtime_checkable
+class RelaxedStore(Protocol):
+    """What the Agent needs of a store. Each method is atomic for one cell only."""
+
+    def exchange(self, table: str, row: RowKey, column: str,
+                 value: Value | Absent) -> Value | Absent:
+        """Store ``value`` (ABSENT deletes the cell); return the value it replaced."""
+        ...
+
+    def compare_exchange(self, table: str, row: RowKey, column: str,
+                         expected: Value | Absent,
+                         value: Value | Absent) -> tuple[bool, Value | Absent]:
+        """If the cell holds ``expected`` (bit for bit), store ``value``.
+
+        Returns ``(swapped, old)``; ``old`` is the value found.
+        """
+        ...
+
+    def get(self, table: str, row: RowKey, column: str) -> Value | Absent: ...
+
+    def read_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        """The row's present cells (not atomic across them)."""
+        ...
+
+    def snapshot(self) -> dict[Cell, Value]:
+        """Every present cell (only meaningful while no one writes)."""
+        ...
+
+
+class AsyncRelaxedStore(Protocol):
+    """``RelaxedStore`` as coroutines, for stores driven from asyncio."""
+
+    async def exchange(self, table: str, row: RowKey, column: str,
+                       value: Value | Absent) -> Value | Absent: ...
+
+    async def compare_exchange(self, table: str, row: RowKey, column: str,
+                               expected: Value | Absent,
+                               value: Value | Absent) -> tuple[bool, Value | Absent]: ...
+
+    async def get(self, table: str, row: RowKey, column: str) -> Value | Absent: ...
+
+    async def read_row(self, table: str, row: RowKey) -> dict[str, Value]: ...
+
+    async def snapshot(self) -> dict[Cell, Value]: ...
+
+
+def same_value(a: object, b: object) -> bool:
+    """Bit-for-bit equality of cell values: 1 != True, -0.0 != 0.0, NaN == same NaN."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return struct.pack("<d", a) == struct.pack("<d", b)  # type: ignore[arg-type]
+    return a == b
+
+
+class MemoryStore:
+    """An in-memory relaxed store, safe under threads.
+
+    Every cell operation is one atomic step under a single lock (like a hardware
+    atomic exchange); nothing is atomic across cells. ``snapshot()`` returns
+    ``{(table, row, column): value}``.
+    """
+
+    def __init__(self, cells: Mapping[Cell, Value] | None = None) -> None:
+        self._rows: dict[tuple[str, RowKey], dict[str, Value]] = {}
+        self._lock = threading.Lock()
+        for (table, row, column), value in (cells or {}).items():
+            self._rows.setdefault((table, row), {})[column] = value
+
+    def exchange(self, table: str, row: RowKey, column: str,
+                 value: Value | Absent) -> Value | Absent:
+        rows = self._rows
+        key = (table, row)
+        with self._lock:
+            cells = rows.get(key)
+            if value is ABSENT:
+                if cells is None:
+                    return ABSENT
+                old = cells.pop(column, ABSENT)
+                if not cells:
+                    del rows[key]
+                return old
+            if cells is None:
+                rows[key] = {column: value}  # type: ignore[dict-item]
+                return ABSENT
+            old = cells.get(column, ABSENT)
+            cells[column] = value  # type: ignore[assignment]
+            return old
+
+    def compare_exchange(self, table: str, row: RowKey, column: str,
+                         expected: Value | Absent,
+                         value: Value | Absent) -> tuple[bool, Value | Absent]:
+        with self._lock:
+            cells = self._rows.get((table, row))
+            current = ABSENT if cells is None else cells.get(column, ABSENT)
+            if not same_value(current, expected):
+                return False, current
+            if value is ABSENT:
+                if cells is not None and column in cells:
+                    del cells[column]
+                    if not cells:
+                        del self._rows[(table, row)]
+            elif cells is None:
+                self._rows[(table, row)] = {column: value}  # type: ignore[dict-item]
+            else:
+                cells[column] = value  # type: ignore[assignment]
+            return True, current
+
+    def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        cells = self._rows.get((table, row))
+        return ABSENT if cells is None else cells.get(column, ABSENT)
+
+    def read_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        with self._lock:
+            return dict(self._rows.get((table, row), ()))
+
+    def snapshot(self) -> dict[Cell, Value]:
+        with self._lock:
+            return {
+                (table, row, column): value
+                for (table, row), cells in self._rows.items()
+                for column, value in cells.items()
+            }
