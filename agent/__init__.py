@@ -5,14 +5,17 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 """
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
+from agent._async_agent import AsyncAgent
 from agent._shipper import ShippingFailed
-from agent._store import AsyncRelaxedStore, MemoryStore, RelaxedStore
+from agent._store import AsyncMemoryStore, AsyncRelaxedStore, MemoryStore, RelaxedStore
 from sequencer import ABSENT, InvalidWrite
 
 __all__ = [
     "ABSENT",
     "Agent",
     "AgentClosed",
+    "AsyncAgent",
+    "AsyncMemoryStore",
     "AsyncRelaxedStore",
     "InvalidWrite",
     "MemoryStore",

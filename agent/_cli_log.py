@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 
 def register(subparsers: Any) -> None:
     """Add this module's subcommands to the ``cdc-agent`` parser."""
-    del subparsers, argparse
+    del subparsers

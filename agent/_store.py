@@ -7,6 +7,7 @@ succeed for some cells and fail for others.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import threading
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from sequencer import ABSENT, Absent, RowKey, Value
 
-__all__ = ["AsyncRelaxedStore", "Cell", "MemoryStore", "RelaxedStore"]
+__all__ = ["AsyncMemoryStore", "AsyncRelaxedStore", "Cell", "MemoryStore", "RelaxedStore"]
 
 Cell = tuple[str, RowKey, str]
 
@@ -142,3 +143,32 @@ class MemoryStore:
                 for (table, row), cells in self._rows.items()
                 for column, value in cells.items()
             }
+
+
+class AsyncMemoryStore:
+    """``MemoryStore`` behind coroutines, yielding to the loop before each operation so
+    tasks interleave between cell writes (as they would against a real server)."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.sync = store or MemoryStore()
+
+    async def exchange(self, table: str, row: RowKey, column: str,
+                       value: Value | Absent) -> Value | Absent:
+        await asyncio.sleep(0)
+        return self.sync.exchange(table, row, column, value)
+
+    async def compare_exchange(self, table: str, row: RowKey, column: str,
+                               expected: Value | Absent,
+                               value: Value | Absent) -> tuple[bool, Value | Absent]:
+        await asyncio.sleep(0)
+        return self.sync.compare_exchange(table, row, column, expected, value)
+
+    async def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        return self.sync.get(table, row, column)
+
+    async def read_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        await asyncio.sleep(0)
+        return self.sync.read_row(table, row)
+
+    async def snapshot(self) -> dict[Cell, Value]:
+        return self.sync.snapshot()

@@ -74,7 +74,10 @@ class MonotonicIds:
         lock = self._lock
         lock.acquire()
         last = self._last
-        issued = candidate if 0 < candidate - last & _MASK64 < _HALF else last + 1 & _MASK64
+        # The compare-and-swap: take the clock if it moved past the last id (or nothing
+        # was issued yet: 0 is never issued), else last + 1.
+        ahead = 0 < ((candidate - last) & _MASK64) < _HALF
+        issued = candidate if ahead or last == 0 else (last + 1) & _MASK64
         if issued == 0:
             issued = 1
         self._last = issued
