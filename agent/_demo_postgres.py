@@ -192,7 +192,7 @@ class _Replicator:
     replica: Any
     sink: _QueueSink
     captured: dict[tuple[int, int], dict[Any, bytes]]
-    captured_lock: threading.Lock
+    captured_cond: threading.Condition
     applied: int = 0
     compared: int = 0
     events: int = 0
@@ -210,8 +210,12 @@ class _Replicator:
                     self.applied += self.replica.apply(changeset)
                     self.apply_seconds += time.perf_counter() - started
                     self.events += changeset.event_count
-                    with self.captured_lock:
-                        expected = self.captured.get((changeset.domain_id, changeset.epoch_seq))
+                    key = (changeset.domain_id, changeset.epoch_seq)
+                    with self.captured_cond:
+                        # The marker reaches us before the agent's callback has captured
+                        # the source at that point: wait for it.
+                        self.captured_cond.wait_for(lambda: key in self.captured, timeout=60)
+                        expected = self.captured.get(key)
                     if expected is None:
                         self.problem = f"no source state captured at epoch {changeset.epoch_seq}"
                         return
@@ -263,17 +267,19 @@ def run_postgres_demo(dsn: str, *, threads: int, batches: int, seed: int) -> int
     replica = PostgresReplica(target, DEMO_TABLES, consumer="demo")
     sink = _QueueSink()
     captured: dict[tuple[int, int], dict[Any, bytes]] = {}
-    captured_lock = threading.Lock()
+    captured_cond = threading.Condition()
 
     def capture(marker: EpochRecord) -> None:
         state = bits(store.snapshot())
-        with captured_lock:
+        with captured_cond:
             captured[(marker.domain_id, marker.epoch_seq)] = state
+            captured_cond.notify_all()
 
-    replicator = _Replicator(replica, sink, captured, captured_lock)
+    replicator = _Replicator(replica, sink, captured, captured_cond)
     consumer = threading.Thread(target=replicator.run, name="pg-replicator")
     consumer.start()
-    agent = Agent(store, sink, on_quiescence=capture)
+    # Forced quiescence every 50 ms: overlapping writers would otherwise rarely pause.
+    agent = Agent(store, sink, on_quiescence=capture, max_quiescence_interval=0.05)
     print(f"cdc-agent demo: {threads} writers x {batches} batches on PostgreSQL, "
           f"replicating into {psycopg.conninfo.conninfo_to_dict(target)['dbname']}",
           file=sys.stderr)
