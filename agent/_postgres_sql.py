@@ -49,7 +49,7 @@ __all__ = [
     "scan_steps",
 ]
 
-Step: TypeAlias = tuple[sql.Composable, Mapping[str, Any]]
+Step: TypeAlias = tuple[bytes, Mapping[str, Any]]
 Rows: TypeAlias = list[tuple[Any, ...]]
 Steps: TypeAlias = Generator[Step, Rows, Any]
 
@@ -110,7 +110,9 @@ class TableInfo:
     spec: TableSpec
     key: ColumnInfo
     columns: dict[str, ColumnInfo]
-    _cache: dict[tuple[object, ...], sql.Composable] = field(default_factory=dict)
+    # Statements rendered once to bytes: composing them on every call would cost more
+    # than the rest of the client-side work of a write.
+    _cache: dict[tuple[object, ...], bytes] = field(default_factory=dict)
 
     # -- checks, before anything is sent ------------------------------------------------
 
@@ -172,7 +174,7 @@ class TableInfo:
             return sql.SQL("NULL")
         return sql.SQL("%(new)b::{}").format(self.columns[column].cast)
 
-    def exchange_sql(self, column: str, deleting: bool) -> sql.Composable:
+    def exchange_sql(self, column: str, deleting: bool) -> bytes:
         key = ("exchange", column, deleting)
         if key not in self._cache:
             sets = [sql.SQL("{} = {}").format(
@@ -186,10 +188,10 @@ class TableInfo:
                 "RETURNING old.v, old.present"
             ).format(t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
                      old=self._locked_old(column),
-                     tk=sql.Identifier("t", self.spec.key_column))
+                     tk=sql.Identifier("t", self.spec.key_column)).as_bytes(None)
         return self._cache[key]
 
-    def compare_exchange_sql(self, column: str, expected: str, deleting: bool) -> sql.Composable:
+    def compare_exchange_sql(self, column: str, expected: str, deleting: bool) -> bytes:
         """``expected`` is "absent", "null" or "value"; the statement always returns the row."""
         key = ("cas", column, expected, deleting)
         if key not in self._cache:
@@ -214,10 +216,10 @@ class TableInfo:
                 "RETURNING old.v, old.present, {m}"
             ).format(t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
                      old=self._locked_old(column), m=match,
-                     tk=sql.Identifier("t", self.spec.key_column))
+                     tk=sql.Identifier("t", self.spec.key_column)).as_bytes(None)
         return self._cache[key]
 
-    def insert_sql(self, column: str) -> sql.Composable:
+    def insert_sql(self, column: str) -> bytes:
         """Create the row with only ``column`` present; does nothing if the row exists."""
         key = ("insert", column)
         if key not in self._cache:
@@ -234,10 +236,11 @@ class TableInfo:
                 "ON CONFLICT ({k}) DO NOTHING RETURNING 1"
             ).format(t=sql.Identifier(self.name),
                      names=sql.SQL(", ").join(map(sql.Identifier, names)),
-                     values=sql.SQL(", ").join(values), k=sql.Identifier(self.spec.key_column))
+                     values=sql.SQL(", ").join(values),
+                     k=sql.Identifier(self.spec.key_column)).as_bytes(None)
         return self._cache[key]
 
-    def select_sql(self, columns: Sequence[str] | None, by_key: bool) -> sql.Composable:
+    def select_sql(self, columns: Sequence[str] | None, by_key: bool) -> bytes:
         """SELECT [key,] values..., presences... for one row (by_key) or the whole table."""
         names = tuple(self.columns) if columns is None else tuple(columns)
         key = ("select", names, by_key)
@@ -251,7 +254,7 @@ class TableInfo:
                 sql.Identifier("s", self.spec.key_column), self.key.cast)
                 if by_key else sql.SQL(""))
             self._cache[key] = sql.SQL("SELECT {} FROM {} AS s{}").format(
-                sql.SQL(", ").join(fields), sql.Identifier(self.name), where)
+                sql.SQL(", ").join(fields), sql.Identifier(self.name), where).as_bytes(None)
         return self._cache[key]
 
 

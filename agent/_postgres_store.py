@@ -130,7 +130,7 @@ class _Pool:
         self._psycopg = require_psycopg()
         self._dsn = dsn
         self._connect_timeout = connect_timeout
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle: list[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]] = []
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._closed = False
@@ -142,23 +142,26 @@ class _Pool:
         )
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
+        """A connection and its binary cursor (made once, reused for every statement)."""
         if self._closed:
             raise PostgresError("the PostgreSQL store is closed")
         self._slots.acquire()
         try:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
+                entry = self._idle.pop() if self._idle else None
+            if entry is None:
                 conn = self.connect()
+                entry = (conn, conn.cursor(binary=True))
             try:
-                yield conn
+                yield entry
             finally:
+                conn = entry[0]
                 if conn.closed or conn.broken or self._closed:
                     conn.close()
                 else:
                     with self._lock:
-                        self._idle.append(conn)
+                        self._idle.append(entry)
         finally:
             self._slots.release()
 
@@ -166,18 +169,17 @@ class _Pool:
         self._closed = True
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _cur in idle:
             conn.close()
 
 
-def _run(conn: psycopg.Connection[Any], steps: Steps) -> Any:
+def _run(cur: psycopg.Cursor[Any], steps: Steps) -> Any:
     """Drive an operation's steps on one connection, one statement per step."""
     try:
         query, params = next(steps)
         while True:
-            cur = conn.cursor(binary=True)
             cur.execute(query, params)
-            rows = cur.fetchall() if cur.description is not None else []
+            rows = cur.fetchall()  # every statement of ours returns rows
             query, params = steps.send(rows)
     except StopIteration as stop:
         return stop.value
@@ -199,7 +201,7 @@ class PostgresStore(_Base):
         self._pool = _Pool(dsn, pool_size, connect_timeout)
         psycopg = self._pool._psycopg
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as (conn, _cur):
                 self._infos = {
                     name: build_table_info(name, spec,
                                            conn.execute(INTROSPECT_SQL, (name,)).fetchall())
@@ -219,8 +221,8 @@ class PostgresStore(_Base):
     def _call(self, steps: Steps, what: str, writing: bool) -> Any:
         psycopg = self._pool._psycopg
         try:
-            with self._pool.connection() as conn:
-                return _run(conn, steps)
+            with self._pool.connection() as (_conn, cur):
+                return _run(cur, steps)
         except psycopg.Error as exc:
             raise _map_error(exc, what, writing) from exc
 
@@ -264,13 +266,13 @@ class PostgresStore(_Base):
         psycopg = self._pool._psycopg
         cells: dict[Cell, Value] = {}
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as (conn, cur):
                 conn.autocommit = False
                 try:
                     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                     with conn.transaction():
                         for info in self._infos.values():
-                            cells.update(_run(conn, scan_steps(info)))
+                            cells.update(_run(cur, scan_steps(info)))
                 finally:
                     if not (conn.closed or conn.broken):
                         conn.isolation_level = None
@@ -298,7 +300,7 @@ class _AsyncPool:
         self._dsn = dsn
         self._size = size
         self._connect_timeout = connect_timeout
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._idle: list[tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]] = []
         self._slots: asyncio.Semaphore | None = None
         self._closed = False
 
@@ -309,35 +311,41 @@ class _AsyncPool:
         )
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def connection(
+            self) -> AsyncIterator[tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]]:
+        """A connection and its binary cursor (made once, reused for every statement)."""
         if self._closed:
             raise PostgresError("the PostgreSQL store is closed")
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._size)
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self.connect()
+            if self._idle:
+                entry = self._idle.pop()
+            else:
+                conn = await self.connect()
+                entry = (conn, conn.cursor(binary=True))
             try:
-                yield conn
+                yield entry
             finally:
+                conn = entry[0]
                 if conn.closed or conn.broken or self._closed:
                     await conn.close()
                 else:
-                    self._idle.append(conn)
+                    self._idle.append(entry)
 
     async def close(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _cur in idle:
             await conn.close()
 
 
-async def _arun(conn: psycopg.AsyncConnection[Any], steps: Steps) -> Any:
+async def _arun(cur: psycopg.AsyncCursor[Any], steps: Steps) -> Any:
     try:
         query, params = next(steps)
         while True:
-            cur = conn.cursor(binary=True)
             await cur.execute(query, params)
-            rows = await cur.fetchall() if cur.description is not None else []
+            rows = await cur.fetchall()  # every statement of ours returns rows
             query, params = steps.send(rows)
     except StopIteration as stop:
         return stop.value
@@ -365,7 +373,7 @@ class AsyncPostgresStore(_Base):
         psycopg = self._pool._psycopg
         infos = {}
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as (conn, _cur):
                 for name, spec in self._specs.items():
                     cur = await conn.execute(INTROSPECT_SQL, (name,))
                     infos[name] = build_table_info(name, spec, await cur.fetchall())
@@ -382,8 +390,8 @@ class AsyncPostgresStore(_Base):
     async def _call(self, steps: Steps, what: str, writing: bool) -> Any:
         psycopg = self._pool._psycopg
         try:
-            async with self._pool.connection() as conn:
-                return await _arun(conn, steps)
+            async with self._pool.connection() as (_conn, cur):
+                return await _arun(cur, steps)
         except psycopg.Error as exc:
             raise _map_error(exc, what, writing) from exc
 
@@ -431,13 +439,13 @@ class AsyncPostgresStore(_Base):
         psycopg = self._pool._psycopg
         cells: dict[Cell, Value] = {}
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as (conn, cur):
                 await conn.set_autocommit(False)
                 try:
                     await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
                     async with conn.transaction():
                         for info in self._infos.values():
-                            cells.update(await _arun(conn, scan_steps(info)))
+                            cells.update(await _arun(cur, scan_steps(info)))
                 finally:
                     if not (conn.closed or conn.broken):
                         await conn.set_isolation_level(None)

@@ -97,11 +97,11 @@ class _Table:
     kinds: tuple[type, ...]
     presence_column: str | None
     stage: str
-    create_stage: sql.Composable
-    copy: sql.Composable
-    merge_update: sql.Composable
-    merge_insert: sql.Composable
-    scan: sql.Composable
+    create_stage: bytes
+    copy: bytes
+    merge_update: bytes
+    merge_insert: bytes
+    scan: bytes
 
 
 def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[Any, ...]]
@@ -178,7 +178,8 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     copy_types = (by_name[layout.key_column][2], "text[]", "text[]",
                   *(by_name[c][2] for c in columns))
     return _Table(name, layout.key_column, key_type, columns, types, copy_types, kinds, presence,
-                  stage_name, create_stage, copy, merge_update, merge_insert, scan)
+                  stage_name, create_stage.as_bytes(None), copy.as_bytes(None),
+                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None))
 
 
 class PostgresReplica:
@@ -219,6 +220,11 @@ class PostgresReplica:
     def _setup(self) -> None:
         from psycopg import sql
 
+        table = sql.Identifier(POSITION_TABLE)
+        self._lock_position = sql.SQL(
+            "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(table).as_bytes(None)
+        self._set_position = sql.SQL(
+            "UPDATE {} SET token = %s WHERE consumer = %s").format(table).as_bytes(None)
         conn = self._conn
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (consumer text PRIMARY KEY, token text NOT NULL)"
@@ -289,12 +295,10 @@ class PostgresReplica:
                 the rest into one set of cell changes and the position after the last.
         Step 3. Per table: binary COPY the changed rows into the staging table.
         Step 4. Per table: UPDATE the rows that exist, INSERT the ones that do not.
-        Step 5. Write the new position token.
+        Step 5. Write the new position token (steps 4 and 5 share one round trip).
         Step 6. Commit: the changes and the position become visible together, or not at
                 all (a crash before this step leaves the previous state and position).
         """
-        from psycopg import sql
-
         psycopg = self._psycopg
         conn = self._conn
         changesets = list(changesets)
@@ -302,9 +306,7 @@ class PostgresReplica:
         try:
             with conn.transaction():
                 # Step 1.
-                row = conn.execute(sql.SQL(
-                    "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(
-                        sql.Identifier(POSITION_TABLE)), (self.consumer,)).fetchone()
+                row = conn.execute(self._lock_position, (self.consumer,)).fetchone()
                 if row is None:
                     raise ReplicaError(
                         f"the position row of consumer {self.consumer!r} vanished from "
@@ -325,15 +327,16 @@ class PostgresReplica:
                 # Step 3.
                 staged = self._stage(merged)
                 self._step("staged")
-                # Step 4.
-                for table in staged:
-                    conn.execute(table.merge_update)
-                    conn.execute(table.merge_insert)
-                self._step("merged")
-                # Step 5.
-                conn.execute(sql.SQL("UPDATE {} SET token = %s WHERE consumer = %s").format(
-                    sql.Identifier(POSITION_TABLE)), (str(frontier), self.consumer))
-                self._step("position")
+                # Steps 4 and 5 go in one round trip (pipeline mode).
+                with conn.pipeline():
+                    # Step 4.
+                    for table in staged:
+                        conn.execute(table.merge_update)
+                        conn.execute(table.merge_insert)
+                    self._step("merged")
+                    # Step 5.
+                    conn.execute(self._set_position, (str(frontier), self.consumer))
+                    self._step("position")
             # Step 6 happened when the transaction block closed.
             self._step("committed")
         except psycopg.Error as exc:
