@@ -53,7 +53,7 @@ _ROWS: Final[dict[str, tuple[int | str, ...]]] = {
     "cdc_demo_accounts": (1, 2, 3, 4),
     "cdc_demo_labels": ("a", "b", "c"),
 }
-_NAN_WITH_PAYLOAD: Final = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_DEAD_BEEF))[0]
+_NAN_WITH_PAYLOAD: Final[float] = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_DEAD_BEEF))[0]
 
 
 def create_demo_tables(dsn: str) -> None:
@@ -74,8 +74,8 @@ def _value(rng: random.Random, table: str, column: str) -> Value:
     if column == "hits":
         return rng.randrange(-(1 << 31), 1 << 31)
     if column == "rate":
-        return rng.choice([0.0, -0.0, float("inf"), _NAN_WITH_PAYLOAD,
-                           struct.unpack("<d", rng.randbytes(8))[0]])
+        any_bits: float = struct.unpack("<d", rng.randbytes(8))[0]
+        return rng.choice([0.0, -0.0, float("inf"), _NAN_WITH_PAYLOAD, any_bits])
     if column in ("owner", "tag"):
         return "".join(rng.choice("abcé字π") for _ in range(rng.randrange(8)))
     if column == "blob":
@@ -214,7 +214,8 @@ class _Replicator:
                     with self.captured_cond:
                         # The marker reaches us before the agent's callback has captured
                         # the source at that point: wait for it.
-                        self.captured_cond.wait_for(lambda: key in self.captured, timeout=60)
+                        self.captured_cond.wait_for(
+                            lambda key=key: key in self.captured, timeout=60)  # type: ignore[misc]
                         expected = self.captured.get(key)
                     if expected is None:
                         self.problem = f"no source state captured at epoch {changeset.epoch_seq}"
@@ -252,10 +253,10 @@ def replica_dsn(dsn: str) -> str:
 
 def run_postgres_demo(dsn: str, *, threads: int, batches: int, seed: int) -> int:
     """Run the demo against the PostgreSQL server at ``dsn``; return the exit status."""
+    import psycopg
+
     from agent._postgres_store import PostgresStore
     from replay._postgres_replica import POSITION_TABLE, PostgresReplica
-
-    import psycopg
 
     target = replica_dsn(dsn)
     create_demo_tables(dsn)

@@ -32,7 +32,6 @@ from sequencer import ABSENT, Absent, RowKey, Value
 
 if TYPE_CHECKING:
     import psycopg
-    from psycopg import sql
 
 __all__ = ["PostgresReplica", "ReplicaError", "TableLayout"]
 
@@ -220,11 +219,11 @@ class PostgresReplica:
     def _setup(self) -> None:
         from psycopg import sql
 
-        table = sql.Identifier(POSITION_TABLE)
+        positions = sql.Identifier(POSITION_TABLE)
         self._lock_position = sql.SQL(
-            "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(table).as_bytes(None)
+            "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(positions).as_bytes(None)
         self._set_position = sql.SQL(
-            "UPDATE {} SET token = %s WHERE consumer = %s").format(table).as_bytes(None)
+            "UPDATE {} SET token = %s WHERE consumer = %s").format(positions).as_bytes(None)
         conn = self._conn
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (consumer text PRIMARY KEY, token text NOT NULL)"
@@ -353,8 +352,8 @@ class PostgresReplica:
 
     def _stage(self, merged: Mapping[Cell, Value | Absent]) -> list[_Table]:
         by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
-        for (table, row, column), value in merged.items():
-            by_row.setdefault(table, {}).setdefault(row, {})[column] = value
+        for (table_name, row, column), value in merged.items():
+            by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
         staged = []
         for name, rows in by_row.items():
             table = self._tables.get(name)
