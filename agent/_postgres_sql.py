@@ -10,7 +10,7 @@ Atomic exchange of one cell (the heart of it)::
 
     UPDATE t AS t SET c = $new
       FROM (SELECT k, c AS v, <c present> AS present FROM t AS s
-             WHERE k = $key FOR UPDATE) AS old
+             WHERE k = $key FOR NO KEY UPDATE) AS old
      WHERE t.k = old.k
     RETURNING old.v, old.present
 
@@ -110,6 +110,9 @@ class TableInfo:
     spec: TableSpec
     key: ColumnInfo
     columns: dict[str, ColumnInfo]
+    # With verified commits, every write statement also returns its transaction id, so a
+    # commit whose answer is lost can be looked up (see PostgresStore).
+    with_xid: bool = False
     # Statements rendered once to bytes: composing them on every call would cost more
     # than the rest of the client-side work of a write.
     _cache: dict[tuple[object, ...], bytes] = field(default_factory=dict)
@@ -159,11 +162,14 @@ class TableInfo:
             return removed
         return sql.SQL("array_append({}, {})").format(removed, sql.Literal(column))
 
+    def _xid(self) -> sql.Composable:
+        return sql.SQL(", pg_current_xact_id()::text" if self.with_xid else "")
+
     def _locked_old(self, column: str) -> sql.Composable:
         """The FROM item that locks the row and reads the cell's old value and presence."""
         return sql.SQL(
             "(SELECT {k} AS k, {c} AS v, {present} AS present FROM {t} AS s "
-            "WHERE {k} = %(key)b::{kt} FOR UPDATE) AS old"
+            "WHERE {k} = %(key)b::{kt} FOR NO KEY UPDATE) AS old"
         ).format(
             k=sql.Identifier(self.spec.key_column), c=sql.Identifier(column),
             present=self._present(column, "s"), t=sql.Identifier(self.name), kt=self.key.cast,
@@ -185,8 +191,8 @@ class TableInfo:
                     self._presence_after(column, not deleting)))
             self._cache[key] = sql.SQL(
                 "UPDATE {t} AS t SET {sets} FROM {old} WHERE {tk} = old.k "
-                "RETURNING old.v, old.present"
-            ).format(t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
+                "RETURNING old.v, old.present{xid}"
+            ).format(xid=self._xid(),t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
                      old=self._locked_old(column),
                      tk=sql.Identifier("t", self.spec.key_column)).as_bytes(None)
         return self._cache[key]
@@ -213,8 +219,8 @@ class TableInfo:
                     tp=sql.Identifier("t", self.spec.presence_column)))
             self._cache[key] = sql.SQL(
                 "UPDATE {t} AS t SET {sets} FROM {old} WHERE {tk} = old.k "
-                "RETURNING old.v, old.present, {m}"
-            ).format(t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
+                "RETURNING old.v, old.present, {m}{xid}"
+            ).format(xid=self._xid(),t=sql.Identifier(self.name), sets=sql.SQL(", ").join(sets),
                      old=self._locked_old(column), m=match,
                      tk=sql.Identifier("t", self.spec.key_column)).as_bytes(None)
         return self._cache[key]
@@ -233,8 +239,8 @@ class TableInfo:
                 values.append(sql.SQL("ARRAY[{}]::text[]").format(sql.Literal(column)))
             self._cache[key] = sql.SQL(
                 "INSERT INTO {t} ({names}) VALUES ({values}) "
-                "ON CONFLICT ({k}) DO NOTHING RETURNING 1"
-            ).format(t=sql.Identifier(self.name),
+                "ON CONFLICT ({k}) DO NOTHING RETURNING 1{xid}"
+            ).format(xid=self._xid(),t=sql.Identifier(self.name),
                      names=sql.SQL(", ").join(map(sql.Identifier, names)),
                      values=sql.SQL(", ").join(values),
                      k=sql.Identifier(self.spec.key_column)).as_bytes(None)
@@ -319,7 +325,8 @@ def _column_info(table: str, row: tuple[Any, ...], *, key: bool) -> ColumnInfo:
                       int_range=_INT_RANGES.get(typname), max_chars=max_chars)
 
 
-def build_table_info(table: str, spec: TableSpec, rows: Rows) -> TableInfo:
+def build_table_info(table: str, spec: TableSpec, rows: Rows, *,
+                     with_xid: bool = False) -> TableInfo:
     """Check ``spec`` against the catalog rows of INTROSPECT_SQL; raise SchemaMismatch."""
     if not rows:
         raise SchemaMismatch(
@@ -358,7 +365,7 @@ def build_table_info(table: str, spec: TableSpec, rows: Rows) -> TableInfo:
                 f"presence column {table}.{spec.presence_column} has type {presence[1]}; "
                 "it must be text[]"
             )
-    return TableInfo(name=table, spec=spec, key=key, columns=columns)
+    return TableInfo(name=table, spec=spec, key=key, columns=columns, with_xid=with_xid)
 
 
 # -- operations as steps -------------------------------------------------------------------

@@ -14,15 +14,24 @@ psycopg 3 is imported when a store is built; without it the error names the extr
 - the server refused or aborted the statement (any error carrying a SQLSTATE, a
   terminated backend included): ``WriteFailed``, the write did not take effect;
 - the connection broke with no answer from the server: ``WriteOutcomeUnknown``.
+
+With ``verify_commits=True`` a write runs as ``BEGIN; <write> RETURNING ..., xid;
+COMMIT`` instead (two more round trips). A connection lost before COMMIT was sent
+means the write did not happen (``WriteFailed``); lost while committing, the store asks
+the server ``pg_xact_status(xid)`` on a fresh connection and returns normally if the
+write committed. Either way the store and the agent's log stay in agreement.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 from agent._postgres_spec import (
     PostgresError,
@@ -71,6 +80,102 @@ def _map_error(exc: Exception, what: str, writing: bool) -> PostgresError:
         )
     return PostgresError(f"the connection to PostgreSQL broke during {what} ({exc}); "
                          "nothing changed; retry")
+
+
+_XACT_STATUS: Final = b"SELECT pg_xact_status(%s::xid8)"
+
+
+@dataclass(slots=True)
+class _Commit:
+    """How far a verified write got: its transaction id, and whether COMMIT was sent."""
+
+    xid: str | None = None
+    committing: bool = False
+    result: Any = None
+
+
+def _lost_before_commit(what: str, exc: Exception) -> WriteFailed:
+    return WriteFailed(
+        f"the connection to PostgreSQL broke during {what} before its COMMIT was sent "
+        f"({exc}); the write did not take effect and no event was recorded")
+
+
+def _resolved(status: str | None, commit: _Commit, what: str, exc: Exception) -> Any:
+    """The write's result if its transaction committed; else the error to raise."""
+    if status == "committed":
+        return commit.result
+    if status == "aborted":
+        raise WriteFailed(
+            f"the connection broke while committing {what} ({exc}); the server rolled it "
+            "back: it did not take effect and no event was recorded") from exc
+    raise WriteOutcomeUnknown(
+        f"the connection broke while committing {what} ({exc}) and the server could not "
+        f"say whether transaction {commit.xid} committed (status {status!r}); no event was "
+        "recorded: re-read the cell and write it again through the agent") from exc
+
+
+def _run_verified(cur: psycopg.Cursor[Any], steps: Steps, commit: _Commit) -> Any:
+    """``_run`` inside BEGIN ... COMMIT, noting the transaction id each write returns.
+
+    Step 1. BEGIN and the first statement, in one round trip (pipeline mode).
+    Step 2. The remaining statements; every write returns its xid last.
+    Step 3. Note that COMMIT is being sent, then send it.
+    """
+    conn = cur.connection
+    try:
+        try:
+            query, params = next(steps)
+            # Step 1.
+            with conn.pipeline():
+                conn.execute(b"BEGIN", prepare=False)
+                cur.execute(query, params)
+                rows = cur.fetchall()
+            # Step 2.
+            while True:
+                if rows:
+                    commit.xid = rows[0][-1]
+                query, params = steps.send(rows)
+                cur.execute(query, params)
+                rows = cur.fetchall()
+        except StopIteration as stop:
+            commit.result = stop.value
+        # Step 3.
+        commit.committing = True
+        cur.execute(b"COMMIT", prepare=False)
+        return commit.result
+    except BaseException:
+        if not commit.committing and not (conn.closed or conn.broken):
+            with contextlib.suppress(Exception):  # the original error is the one to report
+                cur.execute(b"ROLLBACK", prepare=False)
+        raise
+
+
+async def _arun_verified(cur: psycopg.AsyncCursor[Any], steps: Steps, commit: _Commit) -> Any:
+    """``_run_verified`` for asyncio (same steps)."""
+    conn = cur.connection
+    try:
+        try:
+            query, params = next(steps)
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN", prepare=False)
+                await cur.execute(query, params)
+                rows = await cur.fetchall()
+            while True:
+                if rows:
+                    commit.xid = rows[0][-1]
+                query, params = steps.send(rows)
+                await cur.execute(query, params)
+                rows = await cur.fetchall()
+        except StopIteration as stop:
+            commit.result = stop.value
+        commit.committing = True
+        await cur.execute(b"COMMIT", prepare=False)
+        return commit.result
+    except BaseException:
+        if not commit.committing and not (conn.closed or conn.broken):
+            with contextlib.suppress(Exception):  # the original error is the one to report
+                await cur.execute(b"ROLLBACK", prepare=False)
+        raise
 
 
 def _check_tables(tables: Mapping[str, TableSpec]) -> dict[str, TableSpec]:
@@ -194,17 +299,21 @@ class PostgresStore(_Base):
     """
 
     def __init__(self, dsn: str, tables: Mapping[str, TableSpec], *, pool_size: int = 8,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, verify_commits: bool = False,
+                 resolve_timeout: float = 30.0) -> None:
         from agent._postgres_sql import INTROSPECT_SQL, build_table_info
 
         specs = _check_tables(tables)
+        self._verify = verify_commits
+        self._resolve_timeout = resolve_timeout
         self._pool = _Pool(dsn, pool_size, connect_timeout)
         psycopg = self._pool._psycopg
         try:
             with self._pool.connection() as (conn, _cur):
                 self._infos = {
                     name: build_table_info(name, spec,
-                                           conn.execute(INTROSPECT_SQL, (name,)).fetchall())
+                                           conn.execute(INTROSPECT_SQL, (name,)).fetchall(),
+                                           with_xid=verify_commits)
                     for name, spec in specs.items()
                 }
         except psycopg.Error as exc:
@@ -220,11 +329,44 @@ class PostgresStore(_Base):
 
     def _call(self, steps: Steps, what: str, writing: bool) -> Any:
         psycopg = self._pool._psycopg
+        if writing and self._verify:
+            return self._call_verified(steps, what)
         try:
             with self._pool.connection() as (_conn, cur):
                 return _run(cur, steps)
         except psycopg.Error as exc:
             raise _map_error(exc, what, writing) from exc
+
+    def _call_verified(self, steps: Steps, what: str) -> Any:
+        psycopg = self._pool._psycopg
+        commit = _Commit()
+        try:
+            with self._pool.connection() as (_conn, cur):
+                return _run_verified(cur, steps, commit)
+        except psycopg.Error as exc:
+            if not commit.committing:
+                if getattr(exc, "sqlstate", None) is None:
+                    raise _lost_before_commit(what, exc) from exc
+                raise _map_error(exc, what, True) from exc
+            if commit.xid is None:
+                return commit.result  # the call wrote nothing, so nothing can be lost
+            return _resolved(self._xact_status(commit.xid), commit, what, exc)
+
+    def _xact_status(self, xid: str) -> str | None:
+        """Ask a fresh connection what became of transaction ``xid`` (waits while the
+        old backend has not yet noticed its client is gone)."""
+        psycopg = self._pool._psycopg
+        deadline = time.monotonic() + self._resolve_timeout
+        try:
+            with self._pool.connect() as conn:
+                while True:
+                    row = conn.execute(_XACT_STATUS, (xid,)).fetchone()
+                    status = None if row is None else row[0]
+                    if status != "in progress" or time.monotonic() > deadline:
+                        return status
+                    time.sleep(0.05)
+        except psycopg.Error:
+            return None
 
     def exchange(self, table: str, row: RowKey, column: str,
                  value: Value | Absent) -> Value | Absent:
@@ -359,8 +501,11 @@ class AsyncPostgresStore(_Base):
     """
 
     def __init__(self, dsn: str, tables: Mapping[str, TableSpec], *, pool_size: int = 8,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, verify_commits: bool = False,
+                 resolve_timeout: float = 30.0) -> None:
         self._specs = _check_tables(tables)
+        self._verify = verify_commits
+        self._resolve_timeout = resolve_timeout
         self._pool = _AsyncPool(dsn, pool_size, connect_timeout)
         self._infos = {}
         self._opened = False
@@ -376,7 +521,8 @@ class AsyncPostgresStore(_Base):
             async with self._pool.connection() as (conn, _cur):
                 for name, spec in self._specs.items():
                     cur = await conn.execute(INTROSPECT_SQL, (name,))
-                    infos[name] = build_table_info(name, spec, await cur.fetchall())
+                    infos[name] = build_table_info(name, spec, await cur.fetchall(),
+                                                   with_xid=self._verify)
         except psycopg.Error as exc:
             raise PostgresError(f"could not read the table definitions: {exc}") from exc
         self._infos = infos
@@ -389,11 +535,44 @@ class AsyncPostgresStore(_Base):
 
     async def _call(self, steps: Steps, what: str, writing: bool) -> Any:
         psycopg = self._pool._psycopg
+        if writing and self._verify:
+            return await self._call_verified(steps, what)
         try:
             async with self._pool.connection() as (_conn, cur):
                 return await _arun(cur, steps)
         except psycopg.Error as exc:
             raise _map_error(exc, what, writing) from exc
+
+    async def _call_verified(self, steps: Steps, what: str) -> Any:
+        psycopg = self._pool._psycopg
+        commit = _Commit()
+        try:
+            async with self._pool.connection() as (_conn, cur):
+                return await _arun_verified(cur, steps, commit)
+        except psycopg.Error as exc:
+            if not commit.committing:
+                if getattr(exc, "sqlstate", None) is None:
+                    raise _lost_before_commit(what, exc) from exc
+                raise _map_error(exc, what, True) from exc
+            if commit.xid is None:
+                return commit.result
+            return _resolved(await self._xact_status(commit.xid), commit, what, exc)
+
+    async def _xact_status(self, xid: str) -> str | None:
+        psycopg = self._pool._psycopg
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._resolve_timeout
+        try:
+            async with await self._pool.connect() as conn:
+                while True:
+                    cur = await conn.execute(_XACT_STATUS, (xid,))
+                    row = await cur.fetchone()
+                    status = None if row is None else row[0]
+                    if status != "in progress" or loop.time() > deadline:
+                        return status
+                    await asyncio.sleep(0.05)
+        except psycopg.Error:
+            return None
 
     async def exchange(self, table: str, row: RowKey, column: str,
                        value: Value | Absent) -> Value | Absent:

@@ -5,7 +5,8 @@ test fixture's code), then, in the same run and on the same cells:
 
 1. baseline: raw psycopg autocommit ``UPDATE t SET v = $1 WHERE k = $2`` (prepared,
    binary), one connection per thread;
-2. ``PostgresStore.exchange`` alone (an atomic swap that returns the old value);
+2. ``PostgresStore.exchange`` alone (an atomic swap that returns the old value), also
+   with ``verify_commits=True`` (BEGIN, write, COMMIT: lost commits resolvable);
 3. the same writes captured through the Agent (automatic one-write batches, and
    batches of 10), shipped to a sink that encodes and drops them;
 4. ``PostgresReplica``: consistent changesets applied one per transaction, and in
@@ -200,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         def keep(name: str, seconds: float) -> None:
             best[name] = min(best.get(name, float("inf")), seconds)
 
-        with PostgresStore(dsn, SPEC, pool_size=args.threads) as store:
+        with PostgresStore(dsn, SPEC, pool_size=args.threads) as store, \
+                PostgresStore(dsn, SPEC, pool_size=args.threads, verify_commits=True) as verified:
             store_exchanges(store, plan[:1])  # warm up: connections, prepared statements
+            store_exchanges(verified, plan[:1])
             for _ in range(args.rounds):
                 keep("raw", raw_updates(dsn, plan))
                 keep("store", store_exchanges(store, plan))
+                keep("verified", store_exchanges(verified, plan))
                 seconds, shipped = agent_writes(store, plan, 1)
                 assert shipped == total, (shipped, total)
                 keep("agent1", seconds)
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(best of {args.rounds})")
     print(f"  {'raw psycopg UPDATE (baseline)':<40}{raw:>10,.0f} writes/s   1.00")
     for name, label in (("store", "PostgresStore.exchange"),
+                        ("verified", "PostgresStore.exchange, verify_commits"),
                         ("agent1", "Agent.set, one write per batch"),
                         ("agent10", "Agent.set, batches of 10")):
         rate = total / best[name]

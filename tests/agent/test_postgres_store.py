@@ -29,6 +29,7 @@ from replay import Assembler
 from sequencer import ABSENT
 from sinks import MemorySink
 from tests.agent._postgres_tables import KINDS, TABLES, create_tables
+from tests.agent._tcp_proxy import CuttingProxy
 
 pytestmark = pytest.mark.pg
 
@@ -48,6 +49,12 @@ def dsn(pg_server) -> str:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def store(dsn: str) -> Iterator[PostgresStore]:
     with PostgresStore(dsn, TABLES, pool_size=6) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def verified_store(dsn: str) -> Iterator[PostgresStore]:
+    with PostgresStore(dsn, TABLES, pool_size=2, verify_commits=True) as s:
         yield s
 
 
@@ -292,6 +299,18 @@ def _same(a: object, b: object) -> bool:
 @given(ops=st.lists(OPS, max_size=25))
 def test_store_behaves_like_memory_store(store: PostgresStore, ops) -> None:  # type: ignore[no-untyped-def]
     """Random single-threaded operations give the same results as MemoryStore, bit for bit."""
+    _check_against_model(store, ops)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(OPS, max_size=25))
+def test_verified_store_behaves_like_memory_store(verified_store: PostgresStore, ops) -> None:  # type: ignore[no-untyped-def]
+    """With verify_commits (BEGIN, write returning its xid, COMMIT) the results are the same."""
+    _check_against_model(verified_store, ops)
+
+
+def _check_against_model(store: PostgresStore, ops) -> None:  # type: ignore[no-untyped-def]
     base = next(_row_ids) * 10
     model = MemoryStore()
     for op, (table, column), index, arg in ops:
@@ -376,10 +395,11 @@ def test_concurrent_compare_exchange_counts_exactly(store: PostgresStore) -> Non
 
 
 @pytest.mark.asyncio
-async def test_async_store_concurrent_tasks_form_one_chain(dsn: str) -> None:
+@pytest.mark.parametrize("verify", [False, True])
+async def test_async_store_concurrent_tasks_form_one_chain(dsn: str, verify: bool) -> None:
     """AsyncPostgresStore: asyncio tasks racing on one cell each see what they replaced."""
     row = _fresh_row("cells")
-    async with AsyncPostgresStore(dsn, TABLES, pool_size=4) as astore:
+    async with AsyncPostgresStore(dsn, TABLES, pool_size=4, verify_commits=verify) as astore:
         pairs: list[tuple[object, object]] = []
 
         async def writer(n: int) -> None:
@@ -518,3 +538,56 @@ def test_unreachable_server_is_a_clear_error() -> None:
     with pytest.raises(PostgresError, match="could not read the table definitions"):
         PostgresStore(f"host=127.0.0.1 port={free_port()} user=postgres dbname=x",
                       TABLES, connect_timeout=2)
+
+
+# -- connections lost at an exact point (a cutting TCP proxy in front of the server) ------------
+
+
+@pytest.fixture
+def proxy(pg_server) -> Iterator[CuttingProxy]:  # type: ignore[no-untyped-def]
+    cutter = CuttingProxy(pg_server.port)
+    yield cutter
+    cutter.close()
+
+
+def _through(dsn: str, port: int) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, port=str(port))
+
+
+def test_verified_commits_keep_store_and_log_in_agreement_when_the_link_drops(
+        store: PostgresStore, dsn: str, proxy: CuttingProxy) -> None:
+    """Answer of COMMIT lost: resolved as committed and logged; COMMIT lost: not applied."""
+    row = _fresh_row("cells")
+    sink = MemorySink()
+    with PostgresStore(_through(dsn, proxy.port), TABLES, pool_size=1,
+                       verify_commits=True) as vstore:
+        agent = Agent(vstore, sink)
+        assert agent.set("cells", row, "i", 1) is ABSENT
+        proxy.arm(b"COMMIT", forward=True)  # the server commits; its answer never comes
+        assert agent.set("cells", row, "i", 2) == 1
+        proxy.arm(b"COMMIT", forward=False)  # the COMMIT never reaches the server
+        with pytest.raises(WriteFailed, match="rolled it back"):
+            agent.set("cells", row, "i", 3)
+        assert agent.get("cells", row, "i") == 2  # a fresh connection (the cut one is gone)
+        proxy.arm(None, forward=False)  # lost at BEGIN, before anything was written
+        with pytest.raises(WriteFailed, match="before its COMMIT was sent"):
+            agent.set("cells", row, "s", "x")
+        assert agent.set("cells", row, "s", "y") is ABSENT  # fresh connections work
+        agent.close()
+    assert proxy.cuts == 3
+    assert store.read_row("cells", row) == {"i": 2, "s": "y"}
+    assert [(e.column, e.old, e.new) for e in sink.events] == [
+        ("i", ABSENT, 1), ("i", 1, 2), ("s", ABSENT, "y")]
+
+
+def test_unverified_write_lost_in_flight_is_an_unknown_outcome(
+        store: PostgresStore, dsn: str, proxy: CuttingProxy) -> None:
+    """Without verify_commits a write whose answer is lost raises WriteOutcomeUnknown."""
+    row = _fresh_row("cells")
+    with PostgresStore(_through(dsn, proxy.port), TABLES, pool_size=1) as ustore:
+        ustore.exchange("cells", row, "i", 1)
+        proxy.arm(None, forward=True)  # the server runs the write; its answer never comes
+        with pytest.raises(WriteOutcomeUnknown, match="may or may not have taken effect"):
+            ustore.exchange("cells", row, "i", 2)
+        # Whether the server got the whole request before the cut decides; nobody knows.
+        assert ustore.exchange("cells", row, "i", 3) in (1, 2)
