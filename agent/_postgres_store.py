@@ -16,7 +16,7 @@ psycopg 3 is imported when a store is built; without it the error names the extr
 - the connection broke with no answer from the server: ``WriteOutcomeUnknown``.
 
 With ``verify_commits=True`` a write runs as ``BEGIN; <write> RETURNING ..., xid;
-COMMIT`` instead (two more round trips). A connection lost before COMMIT was sent
+COMMIT`` instead (one more round trip). A connection lost before COMMIT was sent
 means the write did not happen (``WriteFailed``); lost while committing, the store asks
 the server ``pg_xact_status(xid)`` on a fresh connection and returns normally if the
 write committed. Either way the store and the agent's log stay in agreement.
