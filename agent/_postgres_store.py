@@ -67,19 +67,18 @@ def require_psycopg() -> Any:
 def _map_error(exc: Exception, what: str, writing: bool) -> PostgresError:
     """Turn a psycopg error into ours; the message says whether the write took effect."""
     sqlstate = getattr(exc, "sqlstate", None)
+    if not writing:
+        return PostgresError(f"{what} failed ({sqlstate or 'connection lost'}: {exc}); "
+                             "nothing changed; retry")
     if sqlstate is not None:
-        kept = "it did not take effect and no event was recorded" if writing else \
-            "nothing changed"
-        return WriteFailed(f"PostgreSQL refused {what} ({sqlstate}: {exc}); {kept}")
-    if writing:
-        return WriteOutcomeUnknown(
-            f"the connection to PostgreSQL broke during {what} before the server answered "
-            f"({exc}); the write may or may not have taken effect and no event was recorded: "
-            "the log may now lag the store for this cell. Re-read the cell, and write it "
-            "again through the agent to bring the log back in line"
-        )
-    return PostgresError(f"the connection to PostgreSQL broke during {what} ({exc}); "
-                         "nothing changed; retry")
+        return WriteFailed(f"PostgreSQL refused {what} ({sqlstate}: {exc}); it did not take "
+                           "effect and no event was recorded")
+    return WriteOutcomeUnknown(
+        f"the connection to PostgreSQL broke during {what} before the server answered "
+        f"({exc}); the write may or may not have taken effect and no event was recorded: "
+        "the log may now lag the store for this cell. Re-read the cell, and write it "
+        "again through the agent to bring the log back in line (or use verify_commits=True)"
+    )
 
 
 _XACT_STATUS: Final = b"SELECT pg_xact_status(%s::xid8)"
