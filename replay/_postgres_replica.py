@@ -101,6 +101,7 @@ class _Table:
     merge_update: bytes
     merge_insert: bytes
     scan: bytes
+    check_before: bytes
 
 
 def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[Any, ...]]
@@ -134,14 +135,21 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     table, key = ident(name), ident(layout.key_column)
     stage_name = f"cdc_stage_{index}"
     stage = ident(stage_name)
+    # Staging row: the key; which columns change; which are present after and before;
+    # the new values (v0..); the values the changesets expect to replace (b0..).
     value_names = [ident(f"v{i}") for i in range(len(columns))]
+    before_names = [ident(f"b{i}") for i in range(len(columns))]
     create_stage = sql.SQL(
         "CREATE TEMP TABLE IF NOT EXISTS {stage} (k {kt} PRIMARY KEY, changed text[] NOT NULL, "
-        "present text[] NOT NULL, {values}) ON COMMIT DELETE ROWS"
+        "present text[] NOT NULL, was_present text[] NOT NULL, {values}) "
+        "ON COMMIT DELETE ROWS"
     ).format(stage=stage, kt=sql.SQL(key_type), values=sql.SQL(", ").join(
-        sql.SQL("{} {}").format(v, sql.SQL(t)) for v, t in zip(value_names, types, strict=True)))
-    copy = sql.SQL("COPY {stage} (k, changed, present, {values}) FROM STDIN (FORMAT BINARY)"
-                   ).format(stage=stage, values=sql.SQL(", ").join(value_names))
+        sql.SQL("{} {}").format(v, sql.SQL(t))
+        for v, t in zip(value_names + before_names, types + types, strict=True)))
+    copy = sql.SQL("COPY {stage} (k, changed, present, was_present, {values}) "
+                   "FROM STDIN (FORMAT BINARY)"
+                   ).format(stage=stage,
+                            values=sql.SQL(", ").join(value_names + before_names))
     sets = [
         sql.SQL("{c} = CASE WHEN {lit} = ANY(s.changed) THEN s.{v} ELSE {tc} END").format(
             c=ident(c), lit=sql.Literal(c), v=v, tc=ident("t", c))
@@ -170,32 +178,58 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     else:
         present_exprs = [sql.SQL("({} = ANY(coalesce({}, '{{}}'::text[])))").format(
             sql.Literal(c), ident("t", presence)) for c in columns]
+    mismatches = []
+    for c, b, kind, present in zip(columns, before_names, kinds, present_exprs, strict=True):
+        if kind is float:  # bit for bit: float8 '=' says NaN = NaN and -0.0 = 0.0
+            equal = sql.SQL("float8send({}) IS NOT DISTINCT FROM float8send(s.{})").format(
+                ident("t", c), b)
+        elif kind is str:
+            equal = sql.SQL('({} COLLATE "C") IS NOT DISTINCT FROM (s.{} COLLATE "C")').format(
+                ident("t", c), b)
+        else:
+            equal = sql.SQL("{} IS NOT DISTINCT FROM s.{}").format(ident("t", c), b)
+        lit = sql.Literal(c)
+        mismatches.append(sql.SQL(
+            "({lit} = ANY(s.changed) AND ({present} IS DISTINCT FROM ({lit} = ANY(s.was_present))"
+            " OR ({lit} = ANY(s.was_present) AND NOT ({equal}))))").format(
+                lit=lit, present=present, equal=equal))
+    check_before = sql.SQL(
+        "SELECT s.k FROM {stage} AS s LEFT JOIN {t} AS t ON {tk} = s.k WHERE {bad} LIMIT 1"
+    ).format(stage=stage, t=table, tk=ident("t", layout.key_column),
+             bad=sql.SQL(" OR ").join(mismatches))
     scan = sql.SQL("SELECT {k}, {values}, {present} FROM {t} AS t").format(
         k=ident("t", layout.key_column),
         values=sql.SQL(", ").join(ident("t", c) for c in columns),
         present=sql.SQL(", ").join(present_exprs), t=table)
-    copy_types = (by_name[layout.key_column][2], "text[]", "text[]",
-                  *(by_name[c][2] for c in columns))
+    value_types = tuple(by_name[c][2] for c in columns)
+    copy_types = (by_name[layout.key_column][2], "text[]", "text[]", "text[]",
+                  *value_types, *value_types)
     return _Table(name, layout.key_column, key_type, columns, types, copy_types, kinds, presence,
                   stage_name, create_stage.as_bytes(None), copy.as_bytes(None),
-                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None))
+                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
+                  check_before.as_bytes(None))
 
 
 class PostgresReplica:
     """Applies consistent changesets to a PostgreSQL database, exactly once.
 
     ``consumer`` names this replica's row in ``cdc_agent_position`` (several replicas
-    may share a database). ``fault`` is for tests: it is called with the name of each
-    step of ``apply`` and may raise to simulate a crash there.
+    may share a database). With ``verify_before`` (the default) every apply first checks
+    that the rows hold the values the changesets replace, so a replica fed from the
+    wrong position, or written by someone else, refuses instead of diverging. ``fault``
+    is for tests: it is called with the name of each step of ``apply`` and may raise to
+    simulate a crash there.
     """
 
     def __init__(self, dsn: str, tables: Mapping[str, TableLayout], *,
                  consumer: str = "default", connect_timeout: float = 10.0,
+                 verify_before: bool = True,
                  fault: Callable[[str], None] | None = None) -> None:
         self._psycopg = _require_psycopg()
         if not tables:
             raise ReplicaError("a replica needs at least one table")
         self.consumer = consumer
+        self._verify_before = verify_before
         self._fault = fault
         try:
             self._conn: psycopg.Connection[Any] = self._psycopg.connect(
@@ -293,7 +327,9 @@ class PostgresReplica:
         Step 2. Drop the changesets the position already covers (each a no-op); merge
                 the rest into one set of cell changes and the position after the last.
         Step 3. Per table: binary COPY the changed rows into the staging table.
-        Step 4. Per table: UPDATE the rows that exist, INSERT the ones that do not.
+        Step 4. Per table: check that the rows hold what the changesets replace (their
+                ``before`` values; unless ``verify_before=False``), then UPDATE the rows
+                that exist and INSERT the ones that do not.
         Step 5. Write the new position token (steps 4 and 5 share one round trip).
         Step 6. Commit: the changes and the position become visible together, or not at
                 all (a crash before this step leaves the previous state and position).
@@ -313,29 +349,45 @@ class PostgresReplica:
                 frontier = self._parse(row[0]) or Frontier({})
                 # Step 2.
                 merged: dict[Cell, Value | Absent] = {}
+                before: dict[Cell, Value | Absent] = {}
                 for changeset in changesets:
                     stored = frontier.get(changeset.domain_id)
                     if stored is not None and stored.epoch_seq >= changeset.epoch_seq:
                         continue
                     merged.update(changeset.changes)
+                    if self._verify_before:
+                        for cell, value in changeset.before.items():
+                            before.setdefault(cell, value)  # the earliest one counts
                     frontier = frontier.advanced(changeset.position)
                     fresh += 1
                 if not fresh:
                     return 0
                 self._step("read")
                 # Step 3.
-                staged = self._stage(merged)
+                staged = self._stage(merged, before)
                 self._step("staged")
                 # Steps 4 and 5 go in one round trip (pipeline mode).
+                checks = []
                 with conn.pipeline():
                     # Step 4.
                     for table in staged:
+                        if self._verify_before:
+                            checks.append((table, conn.execute(table.check_before)))
                         conn.execute(table.merge_update)
                         conn.execute(table.merge_insert)
                     self._step("merged")
                     # Step 5.
                     conn.execute(self._set_position, (str(frontier), self.consumer))
                     self._step("position")
+                for table, check in checks:
+                    found = check.fetchone()
+                    if found is not None:
+                        raise ReplicaError(
+                            f"row {found[0]!r} of replica table {table.name!r} does not hold "
+                            "what the changesets replace: the replica is not at the state "
+                            "they start from (the consumer resumed from another position, or "
+                            "something else wrote to the replica); nothing was applied, the "
+                            f"replica stays at {self._parse(row[0])}")
             # Step 6 happened when the transaction block closed.
             self._step("committed")
         except psycopg.Error as exc:
@@ -350,7 +402,8 @@ class PostgresReplica:
         if self._fault is not None:
             self._fault(name)
 
-    def _stage(self, merged: Mapping[Cell, Value | Absent]) -> list[_Table]:
+    def _stage(self, merged: Mapping[Cell, Value | Absent],
+               before: Mapping[Cell, Value | Absent]) -> list[_Table]:
         by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
         for (table_name, row, column), value in merged.items():
             by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
@@ -363,9 +416,10 @@ class PostgresReplica:
             index = {c: i for i, c in enumerate(table.columns)}
             with self._conn.cursor().copy(table.copy) as copy:
                 copy.set_types(list(table.copy_types))
+                width = len(table.columns)
                 for row, cells in rows.items():
-                    values: list[object] = [None] * len(table.columns)
-                    present = []
+                    values: list[object] = [None] * (2 * width)  # new values, then before
+                    present, was_present = [], []
                     for column, value in cells.items():
                         i = index.get(column)
                         if i is None:
@@ -376,7 +430,12 @@ class PostgresReplica:
                             _check(table, i, value)  # type: ignore[arg-type]
                             values[i] = value
                             present.append(column)
-                    copy.write_row([row, list(cells), present, *values])
+                        old = before.get((name, row, column), ABSENT)
+                        if old is not ABSENT:
+                            _check(table, i, old)  # type: ignore[arg-type]
+                            values[width + i] = old
+                            was_present.append(column)
+                    copy.write_row([row, list(cells), present, was_present, *values])
             staged.append(table)
         return staged
 

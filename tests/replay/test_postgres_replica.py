@@ -351,3 +351,49 @@ def test_none_and_absent_survive_replication(
         replica.apply(changeset)
     assert replica.snapshot() == {("cdc_demo_accounts", 1, "owner"): None}
     assert ABSENT not in replica.snapshot().values()
+
+
+def _three_changesets(column: str, values: list[Any]) -> list[Changeset]:
+    """One changeset per value: cdc_demo_accounts row 1 ``column`` set to each in turn."""
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for value in values:
+        with agent.batch():
+            agent.set("cdc_demo_accounts", 1, column, value)
+    agent.close()
+    changesets = list(Assembler().changesets(sink.records))
+    assert len(changesets) == len(values)
+    return changesets
+
+
+@pytest.mark.parametrize(("column", "values"), [
+    ("balance", [1, 2, 3]),
+    ("rate", [0.0, -0.0, 1.5]),  # -0.0 and 0.0 differ: the check compares bits
+    ("owner", ["a", None, "c"]),  # None and ABSENT differ
+])
+def test_a_skipped_changeset_is_refused_not_applied(
+        fresh_replica: Callable[..., PostgresReplica], column: str, values: list[Any]) -> None:
+    """Fed a changeset that does not start from its state, the replica refuses it whole."""
+    first, second, third = _three_changesets(column, values)
+    replica = fresh_replica()
+    replica.apply(first)
+    with pytest.raises(ReplicaError, match="does not hold what the changesets replace"):
+        replica.apply(third)  # second was skipped
+    assert bits(replica.snapshot()) == bits({("cdc_demo_accounts", 1, column): values[0]})
+    assert str(replica.position) == str(first.position)
+    assert replica.apply_many([second, third]) == 2
+
+
+def test_a_replica_written_behind_its_back_refuses_to_diverge(
+        fresh_replica: Callable[..., PostgresReplica], replica_dsn: str) -> None:
+    """Someone else changed a row: the next changeset touching it is refused."""
+    first, second, _third = _three_changesets("balance", [1, 2, 3])
+    replica = fresh_replica()
+    replica.apply(first)
+    with psycopg.connect(replica_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE cdc_demo_accounts SET balance = 99 WHERE id = 1")
+    with pytest.raises(ReplicaError, match="something else wrote to the replica"):
+        replica.apply(second)
+    trusting = fresh_replica(verify_before=False)
+    assert trusting.apply(second) is True  # verify_before=False trusts the consumer
+    assert trusting.snapshot() == {("cdc_demo_accounts", 1, "balance"): 2}
