@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--changesets", type=int, default=200)
     parser.add_argument("--events", type=int, default=100, help="events per changeset")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (best kept)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (best kept)")
     parser.add_argument("--sync", action="store_true", help="keep synchronous_commit on")
     args = parser.parse_args(argv)
 
