@@ -591,3 +591,16 @@ def test_unverified_write_lost_in_flight_is_an_unknown_outcome(
             ustore.exchange("cells", row, "i", 2)
         # Whether the server got the whole request before the cut decides; nobody knows.
         assert ustore.exchange("cells", row, "i", 3) in (1, 2)
+
+
+def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without psycopg, building a store says which extra to install."""
+    import sys
+
+    from agent._postgres_store import require_psycopg
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(ImportError, match=r"cdc-agent\[postgres\]"):
+        require_psycopg()
+    with pytest.raises(ImportError, match=r"cdc-agent\[postgres\]"):
+        PostgresStore("host=127.0.0.1", TABLES)
