@@ -390,6 +390,8 @@ class PostgresReplica:
                             f"replica stays at {self._parse(row[0])}")
             # Step 6 happened when the transaction block closed.
             self._step("committed")
+            log.debug("cdc.replica_applied", consumer=self.consumer, changesets=fresh,
+                      cells=len(merged), position=str(frontier))
         except psycopg.Error as exc:
             outcome = ("the commit may or may not have happened: read .position to know"
                        if getattr(exc, "sqlstate", None) is None else
