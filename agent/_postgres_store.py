@@ -40,7 +40,7 @@ from agent._postgres_spec import (
     WriteFailed,
     WriteOutcomeUnknown,
 )
-from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value, check_value
+from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value
 
 if TYPE_CHECKING:
     import psycopg
@@ -211,8 +211,7 @@ class _Base:
         info.check_row(row)
         col = info.column(column)
         for value in values:
-            if value is not ABSENT:
-                check_value(value)
+            if value is not ABSENT:  # the column's check is stricter than check_value's
                 info.check_value(col, value)  # type: ignore[arg-type]
         return info
 
@@ -228,15 +227,19 @@ class _Base:
 
 
 class _Pool:
-    """A few autocommit connections, handed out one per call; broken ones are dropped."""
+    """At most ``size`` autocommit connections, handed out one per call; broken ones are
+    dropped. The common path (an idle connection is there) takes no lock: ``list.pop``
+    and ``list.append`` are atomic; only running out of connections waits."""
 
     def __init__(self, dsn: str, size: int, connect_timeout: float) -> None:
         self._psycopg = require_psycopg()
         self._dsn = dsn
+        self._size = size
         self._connect_timeout = connect_timeout
         self._idle: list[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]] = []
-        self._slots = threading.BoundedSemaphore(size)
-        self._lock = threading.Lock()
+        self._open = 0  # connections in existence (idle or lent)
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
         self._closed = False
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -245,34 +248,62 @@ class _Pool:
             connect_timeout=max(1, int(self._connect_timeout)),
         )
 
-    @contextmanager
-    def connection(self) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
+    def acquire(self) -> tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]:
         """A connection and its binary cursor (made once, reused for every statement)."""
         if self._closed:
             raise PostgresError("the PostgreSQL store is closed")
-        self._slots.acquire()
         try:
-            with self._lock:
-                entry = self._idle.pop() if self._idle else None
-            if entry is None:
-                conn = self.connect()
-                entry = (conn, conn.cursor(binary=True))
-            try:
-                yield entry
-            finally:
-                conn = entry[0]
-                if conn.closed or conn.broken or self._closed:
-                    conn.close()
-                else:
-                    with self._lock:
-                        self._idle.append(entry)
+            return self._idle.pop()
+        except IndexError:
+            pass
+        with self._cond:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self._size:
+                    self._open += 1
+                    break
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
+        try:
+            conn = self.connect()
+        except BaseException:
+            self._forget()
+            raise
+        return conn, conn.cursor(binary=True)
+
+    def release(self, entry: tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]) -> None:
+        conn = entry[0]
+        if conn.closed or conn.broken or self._closed:
+            conn.close()
+            self._forget()
+            return
+        self._idle.append(entry)
+        if self._waiting:
+            with self._cond:
+                self._cond.notify()
+
+    def _forget(self) -> None:
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    @contextmanager
+    def connection(self) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
+        entry = self.acquire()
+        try:
+            yield entry
         finally:
-            self._slots.release()
+            self.release(entry)
 
     def close(self) -> None:
         self._closed = True
-        with self._lock:
+        with self._cond:
             idle, self._idle = self._idle, []
+            self._cond.notify_all()
         for conn, _cur in idle:
             conn.close()
 
@@ -327,14 +358,16 @@ class PostgresStore(_Base):
         return {name: info.spec for name, info in self._infos.items()}
 
     def _call(self, steps: Steps, what: str, writing: bool) -> Any:
-        psycopg = self._pool._psycopg
         if writing and self._verify:
             return self._call_verified(steps, what)
+        pool = self._pool
+        entry = pool.acquire()
         try:
-            with self._pool.connection() as (_conn, cur):
-                return _run(cur, steps)
-        except psycopg.Error as exc:
+            return _run(entry[1], steps)
+        except pool._psycopg.Error as exc:
             raise _map_error(exc, what, writing) from exc
+        finally:
+            pool.release(entry)
 
     def _call_verified(self, steps: Steps, what: str) -> Any:
         psycopg = self._pool._psycopg
