@@ -528,10 +528,14 @@ class Manifest:
             )
         out += _chain_problems(self.snapshots, self.fragments, "manifest")
         bounds = _bounds(self.snapshots, self.fragments)
-        if self.initial_offset is not None and bounds and bounds[0] < self.initial_offset:
+        first = self.initial_offset if self.initial_offset is not None else 1
+        if bounds and bounds[0] != first and (self.initial_offset is not None
+                                              or not self.collected):
+            # Offsets start at 1; only garbage collection (which records the new start
+            # in initial_offset) moves the oldest pointer up.
             out.append(
-                f"manifest: the oldest pointer starts at {bounds[0]}, below "
-                f"initial_offset {self.initial_offset}"
+                f"manifest: the oldest pointer starts at {bounds[0]}, but the log starts "
+                f"at {first}"
             )
         if (self.initial_seq_no is not None and self.fragments
                 and self.fragments[0].seq_no < self.initial_seq_no):

@@ -142,6 +142,13 @@ class _Batch:
                 and fragment.limit == self.limit)
 
 
+def _sealed(where: str, offset: int, what: str = "") -> LogSealed:
+    return LogSealed(
+        f"log {where} is sealed at offset {offset}{what}; continue in a new log "
+        f"initialized with initial_offset={offset} (sinks.wal3.continue_log)"
+    )
+
+
 def _resolve(fut: Future[LogPosition], position: LogPosition) -> None:
     with contextlib.suppress(InvalidStateError):
         fut.set_result(position)
@@ -183,10 +190,7 @@ class LogWriter:
         logstore = LogStore(as_store(store), prefix, retries=options.store_retries, sleep=sleep)
         manifest, etag = require_manifest(logstore)
         if manifest.sealed:
-            raise LogSealed(
-                f"log {logstore.describe()} is sealed at offset {manifest.next_offset}; "
-                "initialize a new log with initial_offset to continue"
-            )
+            raise _sealed(logstore.describe(), manifest.next_offset)
         manifest, etag, _ = roll_forward(logstore, manifest, etag, name)
         return cls(logstore, manifest, etag, options, clock, name, sleep)
 
@@ -332,7 +336,7 @@ class LogWriter:
         with self._cv:
             self._manifest = sealed
             self._state = _SEALED
-            self._fail_all(LogSealed(f"log {self._log.describe()} was sealed by this writer"))
+            self._fail_all(_sealed(self._log.describe(), sealed.next_offset))
             self._cv.notify_all()
         return sealed
 
@@ -365,10 +369,7 @@ class LogWriter:
 
     def _check_open(self) -> None:
         if self._state == _SEALED or self._manifest.sealed:
-            raise LogSealed(
-                f"log {self._log.describe()} is sealed at offset {self._manifest.next_offset}; "
-                "continue in a new log initialized with that initial_offset"
-            )
+            raise _sealed(self._log.describe(), self._manifest.next_offset)
         if self._state == _DEAD:
             raise LogUnavailable(f"wal3 writer for {self._log.describe()} died: {self._error!r}")
         if self._state == _CLOSED or self._closing:
@@ -578,10 +579,8 @@ class LogWriter:
             if current.sealed:
                 self._manifest = current
                 self._state = _SEALED
-                self._fail_all(LogSealed(
-                    f"log {self._log.describe()} was sealed at offset {current.next_offset}; "
-                    "records not acknowledged were not linked into it"
-                ))
+                self._fail_all(_sealed(self._log.describe(), current.next_offset,
+                                       " (records not acknowledged were not linked into it)"))
                 self._cv.notify_all()
                 return
             for seq in sorted(self._batches):
@@ -676,8 +675,7 @@ class LogWriter:
             backoff = 0.0
             if manifest.sealed:
                 self._state = _SEALED
-                self._fail_all(LogSealed(
-                    f"log {self._log.describe()} was sealed at offset {manifest.next_offset}"))
+                self._fail_all(_sealed(self._log.describe(), manifest.next_offset))
             elif self._contention > self.options.max_contention_retries:
                 self._fail_pending(LogContention(
                     f"gave up on {self._log.describe()} after {self._contention} rounds of "
