@@ -15,6 +15,7 @@ from sinks.wal3 import (
     AsyncLogWriter,
     LogBackpressure,
     LogClosed,
+    LogContention,
     LogPosition,
     LogReader,
     LogSealed,
@@ -297,3 +298,33 @@ def test_async_cancelled_callers_never_wedge_the_log(mem_store: InMemoryObjectSt
     positions = asyncio.run(main())
     assert [p.offset for p in positions] == [4, 5, 6]
     assert bodies_in_log(mem_store) == [b"c0", b"c1", b"c2", b"c3", b"c4", b"after"]
+
+
+def test_stranded_fragment_is_failed_not_retried(mem_store: InMemoryObjectStore) -> None:
+    """Fragment 2 lands but fragment 1 cannot be stored: 1's records are retried, 2's
+    fail with LogContention (they may appear once, when a later writer adopts the
+    orphan) and are never appended a second time."""
+    LogWriter.initialize(mem_store)
+    second_done = threading.Event()
+
+    def hook(call: Call) -> None:
+        if call.op != "put_if_absent":
+            return
+        if call.key == fragment_path(2) and call.phase == "after":
+            second_done.set()
+        if call.key == fragment_path(1) and call.phase == "before" and call.n == 1:
+            assert second_done.wait(10)
+
+    mem_store.on_step = hook
+    mem_store.faults.fail("put_if_absent", key=fragment_path(1), times=3)
+    opts = WriterOptions(batch_size_records=2, max_in_flight=2, store_retries=2)
+    with LogWriter.open(mem_store, options=opts, sleep=no_sleep) as writer:
+        futures = writer.submit_many([b"a", b"b", b"c", b"d"])
+        assert [f.result(10).offset for f in futures[:2]] == [1, 2]
+        for fut in futures[2:]:
+            with pytest.raises(LogContention, match="may appear once"):
+                fut.result(10)
+    mem_store.on_step = None
+    with LogWriter.open(mem_store) as writer:
+        writer.append(b"e")
+    assert bodies_in_log(mem_store) == [b"a", b"b", b"c", b"d", b"e"]
