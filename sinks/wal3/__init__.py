@@ -41,6 +41,7 @@ from sinks.wal3._manifest import (
 from sinks.wal3._paths import fragment_path, parse_fragment_path, snapshot_path
 from sinks.wal3._reader import Limits, LogReader, Record, ScrubReport
 from sinks.wal3._seal import continue_log, seal_log
+from sinks.wal3._sink import Wal3Sink, open_log_sink, read_log
 from sinks.wal3._writer import LogWriter, WriterOptions
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "SnapshotPointer",
     "UninitializedLog",
     "Wal3Error",
+    "Wal3Sink",
     "Witness",
     "WriterOptions",
     "compute_garbage",
@@ -86,7 +88,9 @@ __all__ = [
     "decode_fragment",
     "encode_fragment",
     "fragment_path",
+    "open_log_sink",
     "parse_fragment_path",
+    "read_log",
     "seal_log",
     "snapshot_path",
 ]

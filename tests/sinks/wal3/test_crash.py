@@ -11,6 +11,7 @@ below the cursor, which only happens at or below the cursor).
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
 
@@ -73,10 +74,8 @@ def run_trial(seed: int) -> tuple[int, int]:
                     writer.flush(timeout=30)
             except Wal3Error:
                 break
-        try:
+        with contextlib.suppress(Wal3Error):
             writer.flush(timeout=30)
-        except Wal3Error:
-            pass
         writer.close()
         crashes += proc.dead
         for body, fut in submitted:

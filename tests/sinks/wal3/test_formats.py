@@ -216,7 +216,8 @@ def test_fragment_paths() -> None:
     assert fragment_path(4096).startswith("log/Bucket=0000000000001000/")
     for seq in (1, 4095, 4096, 1 << 40):
         assert parse_fragment_path(fragment_path(seq)) == seq
-    assert parse_fragment_path("log/Bucket=0000000000000000/FragmentSeqNo=0000000000001000.parquet") is None
+    wrong_bucket = "log/Bucket=0000000000000000/FragmentSeqNo=0000000000001000.parquet"
+    assert parse_fragment_path(wrong_bucket) is None
     assert parse_fragment_path("log/Bucket=0/FragmentSeqNo=1.parquet") is None
 
 

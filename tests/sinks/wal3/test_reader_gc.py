@@ -23,7 +23,6 @@ from sinks.wal3 import (
     SnapshotOptions,
     WriterOptions,
     encode_fragment,
-    fragment_path,
 )
 from tests.sinks.wal3.conftest import no_sleep
 
@@ -82,11 +81,12 @@ def test_scrub_finds_missing_objects_and_bad_snapshots(mem_store: InMemoryObject
     # The log's end is only checkable against the fragment itself.
     fresh = InMemoryObjectStore("end")
     fill(fresh, 10)
-    data, etag = fresh.get("manifest/MANIFEST")
+    data, _etag = fresh.get("manifest/MANIFEST")
     manifest = Manifest.from_json(data)
     last = manifest.fragments[-1]
-    lying = manifest.fragments[:-1] + (type(last)(last.path, last.seq_no, last.start,
-                                                  last.limit + 1, last.num_bytes, last.setsum),)
+    lying = (*manifest.fragments[:-1],
+             type(last)(last.path, last.seq_no, last.start, last.limit + 1, last.num_bytes,
+                        last.setsum))
     fresh.put("manifest/MANIFEST", Manifest(
         manifest.setsum, manifest.collected, manifest.acc_bytes, manifest.writer,
         manifest.snapshots, lying).to_bytes())
