@@ -14,7 +14,7 @@ from replay import Assembler
 from sequencer import ChangeEvent, EpochRecord
 from sinks import Sink
 from sinks.codec import EventBatch, encode_value
-from sinks.objstore import LocalStore, open_store
+from sinks.objstore import LocalStore
 from sinks.testing import check_sink
 from sinks.wal3 import CursorStore, LogReader, Wal3Sink, open_log_sink, read_log
 
