@@ -61,8 +61,9 @@ class LocalStore:
     leaving the directory exactly as a crash at that point would.
 
     Limits: a key cannot also be a "directory" of other keys (``a`` and ``a/b`` cannot
-    both exist; the second write fails with ``ObjectStoreError``). Locks use ``flock``:
-    use a local filesystem, not NFS.
+    both exist; the second write fails with ``ObjectStoreError``); a key segment may
+    be at most 217 bytes (the temporary name adds 38 to the filesystem's 255). Locks
+    use ``flock``: use a local filesystem, not NFS.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True, fsync: bool = True,
@@ -221,13 +222,19 @@ class LocalStore:
                     check(path)  # Step 3.
                     os.replace(temp, path)  # Step 4.
                     self._step(op, key, "renamed")
-                self._sync_dir(path.parent)  # Step 5.
-                self._step(op, key, "synced")
             except Exception:
                 # Not BaseException: a simulated crash must leave the temp file behind.
                 with contextlib.suppress(OSError):
                     temp.unlink()
                 raise
+        try:
+            self._sync_dir(path.parent)  # Step 5.
+        except OSError as exc:
+            raise ObjectStoreError(
+                f"{op} {key!r} in {self.describe()}: the new object is in place but "
+                f"syncing its directory failed ({exc}), so it may not survive a crash; "
+                "check the disk, then re-read the key", key=key) from exc
+        self._step(op, key, "synced")
         return etag
 
     def _path(self, key: str) -> Path:

@@ -274,3 +274,26 @@ def test_open_store_file_uri_rules(tmp_path: Path) -> None:
         open_store(f"file://{tmp_path}", endpoint_url="http://127.0.0.1:1")
     with pytest.raises(ValueError, match="unknown scheme"):
         open_store("gs://bucket/x")
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_crash_creating_a_key_leaves_it_absent_or_whole(tmp_path: Path, step: str) -> None:
+    """A crash during put_if_absent leaves no object (before the rename) or the whole
+    new one (after it); a retry then answers truthfully."""
+
+    def crash_at(op: str, key: str, step_: str) -> None:
+        if step_ == step:
+            raise Crash(step_)
+
+    with pytest.raises(Crash):
+        LocalStore(tmp_path, on_step=crash_at).put_if_absent("frag/0001", b"F" * 5000)
+    after = LocalStore(tmp_path)
+    if STEPS.index(step) >= STEPS.index("renamed"):
+        assert after.get("frag/0001")[0] == b"F" * 5000
+        with pytest.raises(PreconditionFailed):
+            after.put_if_absent("frag/0001", b"F" * 5000)
+    else:
+        assert after.head("frag/0001") is None
+        assert after.list("") == []
+        after.put_if_absent("frag/0001", b"F" * 5000)
+        assert after.list("") == ["frag/0001"]
