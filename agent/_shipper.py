@@ -10,13 +10,13 @@ after every event of its epoch.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-import numpy as np
 import pyarrow as pa
 import structlog
 
@@ -65,10 +65,17 @@ class Shipper:
     """Runs the shipping thread. ``put`` is called by writers (under the agent's lock
     for epoch records, so records enter in sequencer order)."""
 
-    def __init__(self, sink: Sink, *, max_queue: int = 1024,
+    def __init__(self, sink: Sink, *, max_queue: int = 1024, linger: float = 0.002,
                  on_epoch: Callable[[EpochRecord], None] | None = None) -> None:
+        self._linger = linger
         self._sink = sink
-        self._queue: queue.Queue[object] = queue.Queue(max_queue)
+        # A deque handed over under the GIL, not a queue.Queue: its lock convoys
+        # between writers and the shipper cost more than the shipping itself.
+        self._items: deque[object] = deque()
+        self._max_queue = max_queue
+        self._idle = False
+        self._wakeup = threading.Event()
+        self._drained = threading.Condition(threading.Lock())
         self._digests: dict[int, list[bytes]] = {}
         self._table_counts: dict[int, dict[str, int]] = {}
         self._event_counts: dict[int, int] = {}
@@ -82,25 +89,37 @@ class Shipper:
     # -- writers' side -------------------------------------------------------------------
 
     def put(self, item: Shipment | EpochRecord) -> None:
-        self._raise_if_failed()
-        self._queue.put(item)
+        """Hand ``item`` to the shipping thread; wait while too much is queued."""
+        if self.error is not None:
+            self._raise_if_failed()
+        items = self._items
+        items.append(item)
+        if self._idle:
+            self._wakeup.set()
+        if len(items) > self._max_queue:
+            with self._drained:  # backpressure: wait for the shipper to catch up
+                while len(items) > self._max_queue and self.error is None:
+                    self._wakeup.set()
+                    self._drained.wait(1.0)
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything put so far reached the sink and the sink flushed."""
         self._raise_if_failed()
         request = _Flush()
-        self._queue.put(request)
+        self._items.append(request)
+        self._wakeup.set()
         if not request.done.wait(timeout):
             raise TimeoutError(f"the sink did not flush within {timeout}s")
         self._raise_if_failed()
 
     def stop(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._items.append(_STOP)
+            self._wakeup.set()
             self._thread.join(timeout)
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._items)
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -111,41 +130,46 @@ class Shipper:
 
     # -- the shipping thread -------------------------------------------------------------
 
+    def _take(self) -> list[object]:
+        """Wait for items, then take up to _DRAIN_MAX of them."""
+        items = self._items
+        if not items:
+            while not items:
+                self._idle = True
+                if not items:  # re-check after announcing idleness: no lost wake-up
+                    self._wakeup.wait(1.0)
+                    self._wakeup.clear()
+                self._idle = False
+            # Linger, as a Kafka producer does: let writers queue more before we take
+            # the GIL back. Each wake-up costs writers more than a millisecond's wait.
+            time.sleep(self._linger)
+        taken = []
+        popleft = items.popleft
+        while items and len(taken) < _DRAIN_MAX:
+            taken.append(popleft())
+        with self._drained:
+            self._drained.notify_all()
+        return taken
+
     def _run(self) -> None:
-        q = self._queue
         while True:
-            items = [q.get()]
+            items = self._take()
             try:
-                while len(items) < _DRAIN_MAX:
-                    items.append(q.get_nowait())
-            except queue.Empty:
-                pass
-            shipments: list[Shipment] = []
-            for position, item in enumerate(items):
-                try:
-                    if isinstance(item, Shipment):
-                        shipments.append(item)
-                        continue
-                    self._ship_events(shipments)
-                    shipments = []
-                    if isinstance(item, EpochRecord):
+                # Events first, in one sink call: every epoch record in the group then
+                # follows all of its own events (later epochs' events may precede it).
+                self._ship_events([i for i in items if type(i) is Shipment])  # type: ignore[misc]
+                for item in items:
+                    if type(item) is EpochRecord:
                         self._ship_epoch(item)
-                    elif isinstance(item, _Flush):
+                    elif type(item) is _Flush:
                         self._sink.flush()
                         item.done.set()
                     elif item is _STOP:
                         return
-                except BaseException as exc:  # the sink failed: keep what is left
-                    self.error = exc
-                    log.error("cdc.shipping_failed", error=repr(exc))
-                    self._fail_remaining(items[position:])
-                    return
-            try:
-                self._ship_events(shipments)
-            except BaseException as exc:
+            except BaseException as exc:  # the sink failed: keep what is left
                 self.error = exc
                 log.error("cdc.shipping_failed", error=repr(exc))
-                self._fail_remaining(shipments)
+                self._fail_remaining(items)
                 return
 
     def _fail_remaining(self, items: list[object]) -> None:
@@ -153,29 +177,24 @@ class Shipper:
         for item in items:
             if isinstance(item, _Flush):
                 item.done.set()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        while self._items:
+            item = self._items.popleft()
             if isinstance(item, _Flush):
                 item.done.set()
+        with self._drained:
+            self._drained.notify_all()
 
     def _ship_events(self, shipments: list[Shipment]) -> None:
         if not shipments:
             return
-        data, epochs = _to_arrow(shipments)
-        for (_domain, _batch, digest), epoch in zip(
-            segment_digests(data), _segment_epochs(shipments), strict=True
+        data = _to_arrow(shipments, self._table_counts)
+        for (_domain, _batch, digest), shipment in zip(
+            segment_digests(data), [s for s in shipments if s.events], strict=True
         ):
-            self._digests.setdefault(epoch, []).append(digest)
-        counts = pa.table({"epoch": epochs, "table": data.column(3)}).group_by(
-            ["epoch", "table"]).aggregate([([], "count_all")])
-        for epoch, table, n in zip(counts.column(0).to_pylist(), counts.column(1).to_pylist(),
-                                   counts.column(2).to_pylist(), strict=True):
-            per_table = self._table_counts.setdefault(epoch, {})
-            per_table[table] = per_table.get(table, 0) + n
-            self._event_counts[epoch] = self._event_counts.get(epoch, 0) + n
+            # One shipment is one segment, and no two in a row share (batch, segment).
+            self._digests.setdefault(shipment.epoch_seq, []).append(digest)
+            self._event_counts[shipment.epoch_seq] = (
+                self._event_counts.get(shipment.epoch_seq, 0) + len(shipment.events))
         self._sink.write_events(EventBatch(data))
         self.shipped_events += data.num_rows
 
@@ -200,13 +219,9 @@ class Shipper:
             self._on_epoch(record)
 
 
-def _segment_epochs(shipments: list[Shipment]) -> list[int]:
-    # segment_digests yields one digest per shipment, in order: each shipment is
-    # exactly one segment, and consecutive shipments never share (batch, segment).
-    return [s.epoch_seq for s in shipments if s.events]
-
-
-def _to_arrow(shipments: list[Shipment]) -> tuple[pa.RecordBatch, np.ndarray]:
+def _to_arrow(shipments: list[Shipment],
+              table_counts: dict[int, dict[str, int]]) -> pa.RecordBatch:
+    """Encode the shipments' events as one record batch; count them per epoch and table."""
     domains: list[int] = []
     batches: list[int] = []
     seqs: list[int] = []
@@ -215,7 +230,6 @@ def _to_arrow(shipments: list[Shipment]) -> tuple[pa.RecordBatch, np.ndarray]:
     columns: list[str] = []
     olds: list[bytes] = []
     news: list[bytes] = []
-    epochs: list[int] = []
     for s in shipments:
         n = len(s.events)
         if not n:
@@ -223,8 +237,9 @@ def _to_arrow(shipments: list[Shipment]) -> tuple[pa.RecordBatch, np.ndarray]:
         domains += [s.domain_id] * n
         batches += [s.batch_id] * n
         seqs.extend(range(s.seq_start, s.seq_start + n))
-        epochs += [s.epoch_seq] * n
+        counts = table_counts.setdefault(s.epoch_seq, {})
         for table, row, column, old, new in s.events:
+            counts[table] = counts.get(table, 0) + 1
             tables.append(table)
             rows.append(encode_key(row))
             columns.append(column)
@@ -232,5 +247,4 @@ def _to_arrow(shipments: list[Shipment]) -> tuple[pa.RecordBatch, np.ndarray]:
             news.append(encode_value(new))
     arrays = [pa.array(col, type=field.type) for col, field in zip(
         (domains, batches, seqs, tables, rows, columns, olds, news), EVENT_SCHEMA, strict=True)]
-    return (pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA),
-            np.array(epochs, dtype=np.uint64))
+    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)

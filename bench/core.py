@@ -1,0 +1,150 @@
+"""Core benchmarks: id generation, capture overhead, assembler throughput.
+
+Run: ``python3 -m bench.core [--events N]``. Every figure is a ratio against a
+baseline measured in the same run, best of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+from agent import Agent, MemoryStore
+from bench._util import best_of, report
+from replay import Assembler
+from sequencer import MonotonicIds
+from sinks import MemorySink
+
+
+def bench_ids(n: int) -> None:
+    clock, boottime = time.clock_gettime_ns, time.CLOCK_BOOTTIME
+
+    def bare() -> int:
+        for _ in range(n):
+            clock(boottime)
+        return n
+
+    ids = MonotonicIds()
+
+    def monotonic() -> int:
+        nxt = ids.next
+        for _ in range(n):
+            nxt()
+        return n
+
+    report("ids: MonotonicIds.next()", best_of(5, monotonic),
+           "clock_gettime_ns", best_of(5, bare), "ids/s", "ratio >= 0.25, i.e. <= 4x")
+
+
+class NullSink:
+    """Drops records: measures capture and shipping, not a destination."""
+
+    def write_events(self, batch: object) -> None: ...
+    def write_epoch(self, record: object) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def bench_capture(threads: int, per_thread: int, batch_size: int) -> None:
+    cells = [("t", i % 1000, "c") for i in range(per_thread)]
+
+    def in_threads(fn: object) -> None:
+        workers = [threading.Thread(target=fn) for _ in range(threads)]  # type: ignore[arg-type]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    def raw() -> int:
+        store = MemoryStore()
+
+        def write() -> None:
+            ex = store.exchange
+            for i, (t, r, c) in enumerate(cells):
+                ex(t, r, c, i)
+        in_threads(write)
+        return threads * per_thread
+
+    def captured() -> int:
+        agent = Agent(MemoryStore(), NullSink())
+
+        def write() -> None:
+            set_ = agent.set
+            if batch_size == 1:
+                for i, (t, r, c) in enumerate(cells):
+                    set_(t, r, c, i)
+                return
+            for start in range(0, per_thread, batch_size):
+                with agent.batch():
+                    for i in range(start, min(start + batch_size, per_thread)):
+                        t, r, c = cells[i]
+                        set_(t, r, c, i)
+        in_threads(write)
+        agent.close()  # includes shipping everything
+        return threads * per_thread
+
+    label = "auto batch per write" if batch_size == 1 else f"batches of {batch_size}"
+    report(f"capture: Agent.set, {threads} thread(s), {label}", best_of(3, captured),
+           "MemoryStore.exchange", best_of(3, raw), "writes/s", "ratio >= 0.5")
+
+
+def make_log(events: int, batch_size: int, writers: int) -> list[object]:
+    """An encoded log of ``events`` events from ``writers`` concurrent writers."""
+    sink = MemorySink(keep_messages=True)
+    agent = Agent(MemoryStore(), sink)
+    per_writer = events // writers
+
+    def write(offset: int) -> None:
+        for start in range(0, per_writer, batch_size):
+            with agent.batch():
+                for i in range(start, min(start + batch_size, per_writer)):
+                    agent.set("t", (offset + i * 7) % 50_000, "c", i)
+
+    workers = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    agent.close()
+    return sink.decoded_messages()  # type: ignore[return-value]
+
+
+def bench_assembler(events: int, batch_size: int, writers: int) -> None:
+    log = make_log(events, batch_size, writers)
+    n_events = sum(len(r) for r in log if hasattr(r, "data"))
+
+    def assemble() -> int:
+        for _ in Assembler().changesets(log):  # type: ignore[arg-type]
+            pass
+        return n_events
+
+    def decode_only() -> int:
+        # Baseline: touching every event once in Arrow (the floor for any reader).
+        total = 0
+        for r in log:
+            if hasattr(r, "data"):
+                total += len(r.data.column("new").to_numpy(zero_copy_only=False))
+        return total
+
+    rate = best_of(3, assemble)
+    print(f"assembler: {n_events:,} events, batches of {batch_size}, {writers} writers: "
+          f"{rate:,.0f} events/s on one core (goal >= 1,000,000)")
+    report("  assembler vs reading the values column once", rate,
+           "read", best_of(3, decode_only), "events/s", "information only")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=400_000)
+    args = parser.parse_args()
+    bench_ids(300_000)
+    for threads in (1, 4):
+        for batch_size in (100, 1):
+            bench_capture(threads, 50_000 // threads * (2 if batch_size > 1 else 1), batch_size)
+    bench_assembler(args.events, 20, 4)
+    bench_assembler(args.events // 4, 1, 1)
+
+
+if __name__ == "__main__":
+    main()
