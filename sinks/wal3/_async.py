@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from sinks.wal3._errors import LogBackpressure
 from sinks.wal3._manifest import LogPosition, Manifest
@@ -19,13 +19,15 @@ from sinks.wal3._writer import LogWriter
 
 __all__ = ["AsyncLogWriter"]
 
+T = TypeVar("T")
 
-async def _wait(fut: Future[LogPosition]) -> LogPosition:
+
+async def _wait(fut: Future[T]) -> T:
     """Await a writer future without ever cancelling it."""
     loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[LogPosition] = loop.create_future()
+    waiter: asyncio.Future[T] = loop.create_future()
 
-    def transfer(done: Future[LogPosition]) -> None:
+    def transfer(done: Future[T]) -> None:
         def settle() -> None:
             if waiter.done():
                 return  # the caller was cancelled; the record goes on regardless
@@ -56,21 +58,22 @@ class AsyncLogWriter:
     async def open_or_initialize(cls, *args: Any, **kwargs: Any) -> AsyncLogWriter:
         return cls(await asyncio.to_thread(LogWriter.open_or_initialize, *args, **kwargs))
 
-    async def _submit(self, bodies: Sequence[bytes]) -> list[Future[LogPosition]]:
-        try:
-            return self.writer.submit_many(bodies, timeout=0)
-        except LogBackpressure:
-            # The queue is full: wait for room on a thread, not on the event loop.
-            return await asyncio.to_thread(self.writer.submit_many, bodies)
-
     async def append(self, body: bytes) -> LogPosition:
         """Append one record; return its position once durable."""
-        (fut,) = await self._submit([body])
+        try:
+            fut = self.writer.submit(body, timeout=0)
+        except LogBackpressure:
+            # The queue is full: wait for room on a thread, not on the event loop.
+            fut = await asyncio.to_thread(self.writer.submit, body)
         return await _wait(fut)
 
     async def append_many(self, bodies: Sequence[bytes]) -> list[LogPosition]:
-        futures = await self._submit(bodies)
-        return [await _wait(f) for f in futures]
+        """Append records in order; return their positions once all are durable."""
+        try:
+            fut = self.writer.submit_batch(bodies, timeout=0)
+        except LogBackpressure:
+            fut = await asyncio.to_thread(self.writer.submit_batch, bodies)
+        return await _wait(fut)
 
     async def flush(self) -> None:
         await asyncio.to_thread(self.writer.flush)

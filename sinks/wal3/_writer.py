@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
@@ -111,16 +111,16 @@ class WriterOptions:
 
 
 class _Batch:
-    __slots__ = ("bodies", "data", "error", "futures", "nbytes", "seq_no", "setsum", "start",
+    __slots__ = ("bodies", "data", "error", "members", "nbytes", "seq_no", "setsum", "start",
                  "status", "timestamp_us")
 
     def __init__(self, seq_no: int, start: int, timestamp_us: int, bodies: list[bytes],
-                 futures: list[Future[LogPosition]], nbytes: int) -> None:
+                 members: list[tuple[_Group, int]], nbytes: int) -> None:
         self.seq_no = seq_no
         self.start = start
         self.timestamp_us = timestamp_us
         self.bodies = bodies
-        self.futures = futures
+        self.members = members
         self.nbytes = nbytes
         self.data: bytes | None = None
         self.setsum: Setsum | None = None
@@ -149,14 +149,32 @@ def _sealed(where: str, offset: int, what: str = "") -> LogSealed:
     )
 
 
-def _resolve(fut: Future[LogPosition], position: LogPosition) -> None:
-    with contextlib.suppress(InvalidStateError):
-        fut.set_result(position)
+class _Group:
+    """The records of one ``submit`` call and the one future that reports on them all.
 
+    One future per call, not per record: creating and resolving futures was most of
+    the writer's cost per small record. A single-record group resolves to the
+    position, a larger one to the list of positions; a group fails as a whole.
+    """
 
-def _reject(fut: Future[LogPosition], exc: BaseException) -> None:
-    with contextlib.suppress(InvalidStateError):
-        fut.set_exception(exc)
+    __slots__ = ("future", "positions", "remaining", "single")
+
+    def __init__(self, size: int, single: bool) -> None:
+        self.future: Future[Any] = Future()
+        self.positions: list[LogPosition | None] = [None] * size
+        self.remaining = size
+        self.single = single
+
+    def ack(self, index: int, position: LogPosition) -> None:
+        self.positions[index] = position
+        self.remaining -= 1
+        if self.remaining == 0:
+            with contextlib.suppress(InvalidStateError):
+                self.future.set_result(position if self.single else self.positions)
+
+    def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(InvalidStateError):
+            self.future.set_exception(exc)
 
 
 class LogWriter:
@@ -216,7 +234,7 @@ class LogWriter:
         self._etag = etag
         self._next_seq = manifest.next_seq_no
         self._next_offset = manifest.next_offset
-        self._pending: deque[tuple[bytes, Future[LogPosition]]] = deque()
+        self._pending: deque[tuple[bytes, _Group, int]] = deque()
         self._pending_bytes = 0
         self._held_bytes = 0
         self._held_records = 0
@@ -254,20 +272,40 @@ class LogWriter:
 
     def submit(self, body: bytes, timeout: float | None = -1.0) -> Future[LogPosition]:
         """Queue one record; the future resolves to its position once durable."""
-        return self.submit_many([body], timeout)[0]
+        group = _Group(1, single=True)
+        self._enqueue([body], [group], timeout)
+        return group.future
 
     def submit_many(self, bodies: Sequence[bytes],
                     timeout: float | None = -1.0) -> list[Future[LogPosition]]:
-        """Queue records in order, all or none; each future resolves once durable.
+        """Queue records in order, all or none; one future per record."""
+        groups = [_Group(1, single=True) for _ in bodies]
+        self._enqueue(bodies, groups, timeout)
+        return [g.future for g in groups]
 
-        Blocks while the queue is full, up to ``timeout`` seconds (default: the
-        options' ``backpressure_timeout``), then raises ``LogBackpressure``.
-        """
+    def submit_batch(self, bodies: Sequence[bytes],
+                     timeout: float | None = -1.0) -> Future[list[LogPosition]]:
+        """Queue records in order, all or none; one future for all of them, resolving
+        to their positions once every one is durable (the cheap way to append many)."""
+        group = _Group(len(bodies), single=False)
+        if not bodies:
+            group.future.set_result([])
+            return group.future
+        self._enqueue(bodies, [group], timeout)
+        return group.future
+
+    def _enqueue(self, bodies: Sequence[bytes], groups: list[_Group],
+                 timeout: float | None) -> None:
+        """Queue records (blocking while the queue is full, up to ``timeout``; default:
+        the options' ``backpressure_timeout``), then raise ``LogBackpressure``."""
         if timeout is not None and timeout < 0:
             timeout = self.options.backpressure_timeout
         bodies = [b if type(b) is bytes else bytes(b) for b in bodies]
+        if len(groups) == 1:
+            entries = [(body, groups[0], i) for i, body in enumerate(bodies)]
+        else:
+            entries = [(body, group, 0) for body, group in zip(bodies, groups, strict=True)]
         need = sum(len(b) for b in bodies)
-        futures: list[Future[LogPosition]] = [Future() for _ in bodies]
         deadline = None if timeout is None else time.monotonic() + timeout
         opts = self.options
         with self._cv:
@@ -287,13 +325,12 @@ class LogWriter:
                 self._cv.wait(remaining)
             if self._oldest_at is None:
                 self._oldest_at = self._clock()
-            self._pending.extend(zip(bodies, futures, strict=True))
+            self._pending.extend(entries)
             self._pending_bytes += need
             self._held_bytes += need
             self._held_records += len(bodies)
             self._enqueued += len(bodies)
             self._cv.notify_all()
-        return futures
 
     def append(self, body: bytes, timeout: float | None = None) -> LogPosition:
         """Append one record and wait until it is durable; return its position."""
@@ -302,14 +339,18 @@ class LogWriter:
     def append_many(self, bodies: Sequence[bytes],
                     timeout: float | None = None) -> list[LogPosition]:
         """Append records in order and wait until all are durable."""
-        return [f.result(timeout) for f in self.submit_many(bodies)]
+        return self.submit_batch(bodies).result(timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Ship everything queued now and wait until it is durable, or raise its error."""
         with self._cv:
-            futures = [f for _, f in self._pending]
+            seen: dict[int, Future[Any]] = {}
+            for _, group, _ in self._pending:
+                seen[id(group)] = group.future
             for batch in self._batches.values():
-                futures.extend(batch.futures)
+                for group, _ in batch.members:
+                    seen[id(group)] = group.future
+            futures = list(seen.values())
             self._flush_target = self._enqueued
             self._cv.notify_all()
         _, not_done = wait_futures(futures, timeout)
@@ -382,15 +423,15 @@ class LogWriter:
     def _fail_all(self, exc: Wal3Error) -> None:
         """Fail every queued and in-flight record (lock held)."""
         for batch in self._batches.values():
-            for fut in batch.futures:
-                _reject(fut, exc)
+            for group, _ in batch.members:
+                group.fail(exc)
             self._release(batch.nbytes, len(batch.bodies))
         self._batches.clear()
         self._fail_pending(exc)
 
     def _fail_pending(self, exc: Wal3Error) -> None:
-        for body, fut in self._pending:
-            _reject(fut, exc)
+        for body, group, _ in self._pending:
+            group.fail(exc)
             self._release(len(body), 1)
         self._dequeued += len(self._pending)
         self._pending.clear()
@@ -457,21 +498,21 @@ class LogWriter:
         """Take the next batch off the queue (lock held)."""
         opts = self.options
         bodies: list[bytes] = []
-        futures: list[Future[LogPosition]] = []
+        members: list[tuple[_Group, int]] = []
         nbytes = 0
         while self._pending and len(bodies) < opts.batch_size_records:
-            body, fut = self._pending[0]
+            body, group, index = self._pending[0]
             if bodies and nbytes + len(body) > opts.batch_size_bytes:
                 break
             self._pending.popleft()
             bodies.append(body)
-            futures.append(fut)
+            members.append((group, index))
             nbytes += len(body)
         self._pending_bytes -= nbytes
         self._dequeued += len(bodies)
         self._oldest_at = self._clock() if self._pending else None
         batch = _Batch(self._next_seq, self._next_offset, int(now * 1_000_000), bodies,
-                       futures, nbytes)
+                       members, nbytes)
         self._next_seq += 1
         self._next_offset += len(bodies)
         self._batches[batch.seq_no] = batch
@@ -562,8 +603,9 @@ class LogWriter:
     def _acknowledge(self, batch: _Batch) -> None:
         """Resolve a batch whose fragment the manifest holds (lock held)."""
         del self._batches[batch.seq_no]
-        for i, fut in enumerate(batch.futures):
-            _resolve(fut, LogPosition(batch.start + i))
+        start = batch.start
+        for i, (group, index) in enumerate(batch.members):
+            group.ack(index, LogPosition(start + i))
         self._release(batch.nbytes, len(batch.bodies))
 
     def _after_lost_swap(self) -> None:
@@ -656,14 +698,14 @@ class LogWriter:
                     "stored but another writer took the log past it; its "
                     f"{len(batch.bodies)} records were not acknowledged and may appear once"
                 )
-                for fut in batch.futures:
-                    _reject(fut, error)
+                for group, _ in batch.members:
+                    group.fail(error)
                 self._release(batch.nbytes, len(batch.bodies))
             for batch in reversed(requeue):
                 del self._batches[batch.seq_no]
-                for body, fut in zip(reversed(batch.bodies), reversed(batch.futures),
-                                     strict=True):
-                    self._pending.appendleft((body, fut))
+                for body, (group, index) in zip(reversed(batch.bodies),
+                                                reversed(batch.members), strict=True):
+                    self._pending.appendleft((body, group, index))
                 self._pending_bytes += batch.nbytes
                 self._dequeued -= len(batch.bodies)
             if self._pending and self._oldest_at is None:

@@ -12,7 +12,7 @@ import structlog
 from agent import Agent, MemoryStore
 from agent._workload import Workload
 from agent.cli import main
-from sinks.wal3 import CursorStore, open_log_sink
+from sinks.wal3 import CursorStore, LogReader, open_log_sink
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +26,9 @@ def log_uri(tmp_path: Path) -> str:
     uri = f"file://{tmp_path / 'log'}"
     sink = open_log_sink(uri)
     agent = Agent(MemoryStore(), sink)
-    Workload(threads=2, batches=40, seed=3).run(agent)
+    for seed in range(3):  # flushed in between: several fragments
+        Workload(threads=2, batches=15, seed=seed).run(agent)
+        agent.flush()
     agent.close()
     return uri
 
@@ -59,13 +61,15 @@ def test_scrub_and_verify_fail_on_a_damaged_log(log_uri: str, tmp_path: Path,
 
 def test_gc_then_inspect(log_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
     """gc collects below the cursor; inspect then shows the new oldest offset."""
-    CursorStore(log_uri).init("consumer", 20)
+    last = LogReader(log_uri).scan(1)[-1].start
+    assert last > 1
+    CursorStore(log_uri).init("consumer", last)
     assert main(["log", "gc", log_uri]) == 0
     assert "objects deleted" in capsys.readouterr().out
     assert main(["log", "inspect", log_uri, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert 1 < info["oldest_offset"] <= 20
-    assert info["cursors"] == {"consumer": 20}
+    assert info["oldest_offset"] == last
+    assert info["cursors"] == {"consumer": last}
     assert main(["log", "scrub", log_uri]) == 0
 
 
