@@ -97,7 +97,7 @@ class WriterOptions:
     batch_size_records: int = 1 << 16
     batch_interval: float = 0.02
     ship_when_idle: bool = True
-    max_in_flight: int = 4
+    max_in_flight: int = 8
     max_pending_bytes: int = 256 << 20
     max_pending_records: int = 1 << 20
     backpressure_timeout: float | None = 30.0
