@@ -477,9 +477,8 @@ class LogWriter:
     def _run_batcher(self) -> None:
         with self._cv:
             while True:
-                if self._state in (_DEAD, _SEALED) or (self._state == _CLOSED
-                                                        and not self._pending):
-                    return
+                if self._state in (_DEAD, _SEALED, _CLOSED):
+                    return  # close() failed whatever was still queued
                 timeout: float | None = 0.5
                 if (self._state == _RUNNING and self._pending
                         and self._uploading < self.options.max_in_flight):
@@ -602,7 +601,8 @@ class LogWriter:
 
     def _acknowledge(self, batch: _Batch) -> None:
         """Resolve a batch whose fragment the manifest holds (lock held)."""
-        del self._batches[batch.seq_no]
+        if self._batches.pop(batch.seq_no, None) is None:
+            return  # already failed by close() or a crash: reported as not acknowledged
         start = batch.start
         for i, (group, index) in enumerate(batch.members):
             group.ack(index, LogPosition(start + i))
@@ -692,7 +692,8 @@ class LogWriter:
             for batch in acked:
                 self._acknowledge(batch)
             for batch in stranded:
-                del self._batches[batch.seq_no]
+                if self._batches.pop(batch.seq_no, None) is None:
+                    continue
                 error = LogContention(
                     f"fragment {fragment_path(batch.seq_no)} of {self._log.describe()} was "
                     "stored but another writer took the log past it; its "
@@ -701,8 +702,15 @@ class LogWriter:
                 for group, _ in batch.members:
                     group.fail(error)
                 self._release(batch.nbytes, len(batch.bodies))
+            closed = LogClosed(f"wal3 writer for {self._log.describe()} was closed")
             for batch in reversed(requeue):
-                del self._batches[batch.seq_no]
+                if self._batches.pop(batch.seq_no, None) is None:
+                    continue
+                if self._state != _RECOVERING:  # closed meanwhile: nobody would ship them
+                    for group, _ in batch.members:
+                        group.fail(closed)
+                    self._release(batch.nbytes, len(batch.bodies))
+                    continue
                 for body, (group, index) in zip(reversed(batch.bodies),
                                                 reversed(batch.members), strict=True):
                     self._pending.appendleft((body, group, index))
