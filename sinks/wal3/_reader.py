@@ -58,7 +58,8 @@ class LogReader:
 
     def __init__(self, store: ObjectStore | str, prefix: str = "", *,
                  endpoint_url: str | None = None) -> None:
-        self._log = LogStore(as_store(store, endpoint_url=endpoint_url), prefix)
+        options = {"create": False} if isinstance(store, str) and store.startswith("file:") else {}
+        self._log = LogStore(as_store(store, endpoint_url=endpoint_url, **options), prefix)
         self._snapshots: dict[SnapshotPointer, Snapshot] = {}
 
     @property

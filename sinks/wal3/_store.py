@@ -34,7 +34,10 @@ def as_store(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
     if isinstance(store_or_uri, str):
         from sinks.objstore import open_store
 
-        store: ObjectStore = open_store(store_or_uri, endpoint_url=endpoint_url, **options)
+        try:
+            store: ObjectStore = open_store(store_or_uri, endpoint_url=endpoint_url, **options)
+        except ObjectStoreError as exc:
+            raise LogUnavailable(f"cannot open the store {store_or_uri}: {exc}") from exc
         return store
     return store_or_uri
 

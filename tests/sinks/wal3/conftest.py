@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,5 +95,3 @@ class FakeClock:
 def clock() -> FakeClock:
     return FakeClock()
 
-
-StoreFactory = Callable[[], Any]
