@@ -136,9 +136,14 @@ class LogReader:
         try:
             data, _ = self._log.get(fragment.path)
         except NotFound:
+            oldest = self.manifest().oldest_offset
+            if fragment.limit <= oldest:
+                raise GarbageCollected(
+                    f"fragment {self._log.key(fragment.path)} was garbage collected while "
+                    f"being read; the log now starts at offset {oldest}"
+                ) from None
             raise CorruptFragment(
-                f"fragment {self._log.key(fragment.path)} is referenced but missing "
-                "(garbage collected under a reader, or lost)"
+                f"fragment {self._log.key(fragment.path)} is referenced but missing"
             ) from None
         decoded = decode_fragment(data, path=self._log.key(fragment.path), start=fragment.start)
         if decoded.setsum != fragment.setsum:

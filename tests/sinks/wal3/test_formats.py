@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -331,3 +332,17 @@ def test_generate_and_apply_snapshot_keep_the_setsum() -> None:
     rolled = rolled.apply_snapshot(deeper)
     assert [s.depth for s in rolled.snapshots] == [2] and len(rolled.fragments) == 1
     rolled.scrub()
+
+
+def test_setsum_vectors_for_wal3_manifests() -> None:
+    """The shared vectors' manifest sums: a manifest of fragments a, b sums to a + b."""
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "setsum" / "vectors.json"
+    vectors = json.loads(path.read_text())
+    for case in vectors["wal3_manifest_sums"]:
+        a, b = Setsum.from_hexdigest(case["a"]), Setsum.from_hexdigest(case["b"])
+        assert (a + b).hexdigest() == case["a_plus_b"]
+        frags = [Fragment(fragment_path(1), 1, 1, 5, 10, a),
+                 Fragment(fragment_path(2), 2, 5, 9, 10, b)]
+        manifest = Manifest.new_empty("v").apply_fragments(frags, "v")
+        assert manifest.setsum.hexdigest() == case["a_plus_b"]
+        manifest.scrub()

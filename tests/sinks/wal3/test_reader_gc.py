@@ -229,3 +229,18 @@ def test_gc_runs_while_a_writer_appends(mem_store: InMemoryObjectStore) -> None:
     got = {r.offset: r.body for r in reader.records()}
     assert {o: b for o, b in acked.items() if o >= oldest} == got
     assert collected > 0 and oldest > 1
+
+
+def test_a_reader_overtaken_by_gc_gets_garbage_collected(mem_store: InMemoryObjectStore) -> None:
+    """A fragment deleted by a collection while a reader holds an older manifest is
+    reported as GarbageCollected, not as corruption."""
+    fill(mem_store, 60)
+    reader = LogReader(mem_store)
+    manifest = reader.manifest()
+    first = reader.scan(1, manifest=manifest)[0]
+    GarbageCollector(mem_store).collect(keep_at_least=40)
+    with pytest.raises(GarbageCollected, match="while being read"):
+        reader.fetch(first)
+    records = reader.records(manifest=manifest)
+    with pytest.raises(GarbageCollected):
+        next(records)
