@@ -671,6 +671,10 @@ class LogWriter:
             with self._cv:
                 self._fail_all(exc if isinstance(exc, LogUnavailable) else LogUnavailable(
                     f"could not re-read the log {self._log.describe()}: {exc}"))
+                # Start again from the last manifest known; a stale one only costs a
+                # lost swap (and a rebase) later.
+                self._next_seq = self._manifest.next_seq_no
+                self._next_offset = self._manifest.next_offset
                 if self._state == _RECOVERING:
                     self._state = _RUNNING
                 self._cv.notify_all()

@@ -19,6 +19,7 @@ from sinks.wal3 import (
     LogPosition,
     LogReader,
     LogSealed,
+    LogUnavailable,
     LogWriter,
     SnapshotOptions,
     UninitializedLog,
@@ -328,3 +329,21 @@ def test_stranded_fragment_is_failed_not_retried(mem_store: InMemoryObjectStore)
     with LogWriter.open(mem_store) as writer:
         writer.append(b"e")
     assert bodies_in_log(mem_store) == [b"a", b"b", b"c", b"d", b"e"]
+
+
+def test_an_outage_fails_appends_then_the_writer_recovers(mem_store: InMemoryObjectStore) -> None:
+    """While the store is down appends fail with LogUnavailable (not acknowledged);
+    once it is back the same writer appends again and the log is sound."""
+    LogWriter.initialize(mem_store)
+    opts = WriterOptions(store_retries=1)
+    with LogWriter.open(mem_store, options=opts, sleep=no_sleep) as writer:
+        assert writer.append(b"before") == LogPosition(1)
+        mem_store.faults.fail("*", times=None)
+        with pytest.raises(LogUnavailable):
+            writer.append(b"lost", timeout=30)
+        mem_store.faults.clear()
+        after = writer.append(b"after", timeout=30)
+    bodies = bodies_in_log(mem_store)
+    assert bodies[0] == b"before" and bodies[-1] == b"after"
+    assert after.offset == len(bodies)
+    assert bodies.count(b"lost") <= 1
