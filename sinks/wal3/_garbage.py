@@ -158,7 +158,9 @@ class _Builder:
         keep_frags = [f for f in snap.fragments if f.limit > cut]
         for frag in drop_frags:
             acc = acc + self.drop_fragment(frag)
-        if not drop_frags and acc == Setsum() and split is None:
+        if acc == Setsum():
+            # Nothing below the cutoff in here: keep the snapshot as it is (rebuilding an
+            # equal one could differ in depth yet share its content-addressed path).
             return acc, ptr
         if len(keep_snaps) == 1 and not keep_frags:
             # A snapshot of one snapshot would have its child's setsum, hence its path:
