@@ -33,6 +33,7 @@ from sequencer import (
     check_name,
     check_row,
     check_value,
+    check_write,
     new_domain_id,
 )
 from sinks import Sink
@@ -306,21 +307,17 @@ class Agent(_Capture):
 
     def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
         """Write one cell; return the value it replaced (ABSENT if it did not exist)."""
-        check_name("table", table)
-        check_row(row)
-        check_name("column", column)
-        check_value(value)
+        check_write(table, row, column, value)
         batch = self._current.get()
         if batch is None:  # an automatic short batch for this one write
             with self.batch():
-                return self._set(self._current.get(), table, row, column, value)
-        return self._set(batch, table, row, column, value)
-
-    def _set(self, batch: _Batch | None, table: str, row: RowKey, column: str,
-             value: Value) -> Value | Absent:
-        assert batch is not None
+                return self.set(table, row, column, value)
+        # The hot path, inlined: the store's exchange, then one tuple appended.
         old = self.store.exchange(table, row, column, value)
-        self._record(batch, (table, row, column, old, value))
+        events = batch.events
+        events.append((table, row, column, old, value))
+        if len(events) >= SEGMENT_EVENTS:
+            self._ship_segment(batch)
         return old
 
     def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
@@ -333,7 +330,7 @@ class Agent(_Capture):
             assert batch is not None
             old = self.store.exchange(table, row, column, ABSENT)
             if old is not ABSENT:
-                self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+                self._record(batch, (table, row, column, old, ABSENT))
             return old
 
     def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
@@ -348,7 +345,7 @@ class Agent(_Capture):
                 old = self.store.exchange(table, row, column, ABSENT)
                 if old is not ABSENT:  # a racing writer may have removed it first
                     removed[column] = old  # type: ignore[assignment]
-                    self._record(batch, (table, row, column, old, ABSENT))  # type: ignore[arg-type]
+                    self._record(batch, (table, row, column, old, ABSENT))
         return removed
 
     def update(self, table: str, rows: Iterable[RowKey],
@@ -396,7 +393,7 @@ class Agent(_Capture):
                         ok = False
                         break
                     if not (old is ABSENT and new is ABSENT):
-                        self._record(batch, (table, row, column, old, new))  # type: ignore[arg-type]
+                        self._record(batch, (table, row, column, old, new))
                 results[row] = ok
         return results
 

@@ -68,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
         print("cdc-agent demo: --threads and --batches must be at least 1", file=sys.stderr)
         return 2
     if args.postgres:
-        from agent._demo_postgres import run_postgres_demo
+        from agent._demo_postgres import run_postgres_demo  # type: ignore[import-not-found]
 
-        return run_postgres_demo(args.postgres, threads=args.threads, batches=args.batches,
-                                 seed=args.seed)
+        status: int = run_postgres_demo(args.postgres, threads=args.threads,
+                                        batches=args.batches, seed=args.seed)
+        return status
     destination = open_destination(args.log, args.endpoint_url)
     store = MemoryStore()
     captured: dict[tuple[int, int], dict[Any, bytes]] = {}

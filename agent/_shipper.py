@@ -59,6 +59,7 @@ class _Flush:
 
 
 _STOP: Final = object()
+_EMPTY_SETSUM: Final = Setsum().hexdigest()
 
 
 class Shipper:
@@ -143,7 +144,7 @@ class Shipper:
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
             time.sleep(self._linger)
-        taken = []
+        taken: list[object] = []
         popleft = items.popleft
         while items and len(taken) < _DRAIN_MAX:
             taken.append(popleft())
@@ -157,7 +158,7 @@ class Shipper:
             try:
                 # Events first, in one sink call: every epoch record in the group then
                 # follows all of its own events (later epochs' events may precede it).
-                self._ship_events([i for i in items if type(i) is Shipment])  # type: ignore[misc]
+                self._ship_events([i for i in items if type(i) is Shipment])
                 for item in items:
                     if type(item) is EpochRecord:
                         self._ship_epoch(item)
@@ -206,12 +207,14 @@ class Shipper:
                 f"epoch {seq}: sequencer counted {record.event_count} events, "
                 f"shipper saw {shipped}"
             )
-        digests = self._digests.pop(seq, [])
-        table_counts = self._table_counts.pop(seq, {})
-        record = dataclasses.replace(
-            record,
-            setsum=Setsum().insert_digests(b"".join(digests)).hexdigest(),
-            table_counts=tuple(sorted(table_counts.items())),
+        digests = self._digests.pop(seq, None)
+        table_counts = self._table_counts.pop(seq, None)
+        record = EpochRecord(
+            record.domain_id, seq, record.begin_id, record.end_id, record.event_count,
+            record.quiescent,
+            tuple(sorted(table_counts.items())) if table_counts else (),
+            Setsum.of_digests(digests).hexdigest() if digests else _EMPTY_SETSUM,
+            record.stream,
         )
         self._sink.write_epoch(record)
         self.shipped_epochs += 1
@@ -244,7 +247,7 @@ def _to_arrow(shipments: list[Shipment],
             rows.append(encode_key(row))
             columns.append(column)
             olds.append(encode_value(old))  # type: ignore[arg-type]
-            news.append(encode_value(new))
+            news.append(encode_value(new))  # type: ignore[arg-type]
     arrays = [pa.array(col, type=field.type) for col, field in zip(
         (domains, batches, seqs, tables, rows, columns, olds, news), EVENT_SCHEMA, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)

@@ -71,7 +71,7 @@ def same_value(a: object, b: object) -> bool:
     if type(a) is not type(b):
         return False
     if type(a) is float:
-        return struct.pack("<d", a) == struct.pack("<d", b)  # type: ignore[arg-type]
+        return struct.pack("<d", a) == struct.pack("<d", b)
     return a == b
 
 

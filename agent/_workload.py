@@ -32,7 +32,8 @@ def random_value(rng: random.Random) -> Value:
     if kind == 1:
         return rng.randrange(-(1 << 63), 1 << 63)
     if kind == 2:
-        return struct.unpack("<d", rng.randbytes(8))[0]  # any bits, NaNs included
+        bits_: float = struct.unpack("<d", rng.randbytes(8))[0]  # any bits, NaNs included
+        return bits_
     if kind == 3:
         return "".join(rng.choice("abcé字") for _ in range(rng.randrange(6)))
     if kind == 4:

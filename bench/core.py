@@ -140,10 +140,10 @@ def main() -> None:
     args = parser.parse_args()
     bench_ids(300_000)
     for threads in (1, 4):
-        for batch_size in (100, 1):
-            bench_capture(threads, 50_000 // threads * (2 if batch_size > 1 else 1), batch_size)
+        bench_capture(threads, 100_000 // threads, 100)
+        bench_capture(threads, 20_000 // threads, 1)
     bench_assembler(args.events, 20, 4)
-    bench_assembler(args.events // 4, 1, 1)
+    bench_assembler(args.events // 8, 1, 1)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay._bulk import BrokenChain, cancel_out
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
-from sequencer import Absent, ChangeEvent, EpochRecord, RowKey, Value
+from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks import EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
@@ -46,6 +47,8 @@ __all__ = ["Assembler", "Changeset", "Snapshot"]
 
 Cell = tuple[str, RowKey, str]
 _HALF: Final = np.uint64(1 << 63)
+_SEEN_WINDOW: Final = 64  # epochs a position token's "seen" suffix covers at most
+_BULK_EVENTS: Final = 1 << 16  # changesets() verifies this many events at once
 _ONE = np.int64(1)
 
 
@@ -106,12 +109,16 @@ class _Domain:
     chunks: list[pa.RecordBatch] = field(default_factory=list)
     loose: list[ChangeEvent] = field(default_factory=list)
 
-    def position(self) -> Position:
+    def position(self, after: int | None = None, end_id: int | None = None) -> Position:
+        """The position at quiescence point ``after`` (default: the last applied), with
+        the epochs seen complete beyond it (at most _SEEN_WINDOW of them)."""
+        seq = self.applied_seq if after is None else after
         seen = 0
-        for seq in self.epochs:
-            if seq > self.applied_seq:
-                seen |= 1 << (seq - self.applied_seq - 1)
-        return Position(self.domain_id, self.applied_seq, self.applied_end, seen)
+        for offset in range(1, _SEEN_WINDOW + 1):
+            if seq + offset in self.epochs:
+                seen |= 1 << (offset - 1)
+        end = self.applied_end if end_id is None else end_id
+        return Position(self.domain_id, seq, end, seen)
 
 
 class Assembler:
@@ -132,6 +139,8 @@ class Assembler:
             _encode_cell(cell): encode_value(value) for cell, value in (initial_state or {}).items()
         }
         self._domains: dict[int, _Domain] = {}
+        self._pending_events = 0
+        self._failure: InconsistentLog | None = None
         self.late_duplicates = 0
         if isinstance(position, str):
             position = Frontier.parse(position)
@@ -152,30 +161,74 @@ class Assembler:
         """A decoded copy of the state at the last verified quiescence point."""
         return {_decode_cell(k): decode_value(v) for k, v in self._state.items()}  # type: ignore[misc]
 
-    def feed(self, record: ChangeEvent | EpochRecord | EventBatch) -> list[Changeset]:
-        """Take one record; return the changesets it completed (often none)."""
+    def feed(self, record: ChangeEvent | EpochRecord | EventBatch, *,
+             defer: bool = False) -> list[Changeset]:
+        """Take one record; return the changesets it completed (often none).
+
+        With ``defer``, only store it: ``drain()`` later verifies everything complete
+        in one vectorised pass, which is much faster when intervals are small.
+        """
         if isinstance(record, ChangeEvent):
-            self._domain(record.domain_id).loose.append(record)
+            domain = self._domain(record.domain_id)
+            domain.loose.append(record)
+            self._pending_events += 1
             return []
         if isinstance(record, EventBatch):
             self._feed_events(record.data)
+            self._pending_events += record.data.num_rows
             return []
         if isinstance(record, EpochRecord):
-            return self._feed_epoch(record)
+            if not self._store_epoch(record) or defer:
+                return []
+            return self._drain_domain(self._domains[record.domain_id], bulk=False)
         raise TypeError(f"cannot assemble a {type(record).__name__}")
+
+    def drain(self) -> list[Changeset]:
+        """Verify and apply every complete quiescent interval held; return the changesets.
+
+        If an interval fails, the changesets before it are applied and returned, and the
+        next call raises the ``InconsistentLog`` (at once if there was none before it).
+        """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        done: list[Changeset] = []
+        for domain in list(self._domains.values()):
+            done += self._drain_domain(domain, bulk=True)
+        self._pending_events = 0
+        return done
 
     def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
                    ) -> Iterator[Changeset]:
-        """Feed every record; yield each changeset as soon as it is verified."""
+        """Feed every record; yield each changeset once verified (in bulk, for speed).
+
+        Intervals are verified many at a time, so this assembler's own ``state`` and
+        ``position`` may run ahead of the changeset just yielded: store each
+        changeset's ``position`` with the state it produced, as a replica does.
+        """
         for record in records:
-            yield from self.feed(record)
+            self.feed(record, defer=True)
+            if self._pending_events >= _BULK_EVENTS:
+                yield from self._drain_then_raise()
+        yield from self._drain_then_raise()
         self.check_gaps()
 
     def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
                ) -> Iterator[Snapshot]:
         """Like ``changesets``, but yield the whole state at every quiescence point."""
+        state = self.state
         for changeset in self.changesets(records):
-            yield Snapshot(changeset.domain_id, changeset.epoch_seq, self.state, changeset)
+            for cell, value in changeset.changes.items():
+                if value is ABSENT:
+                    state.pop(cell, None)
+                else:
+                    state[cell] = value  # type: ignore[assignment]
+            yield Snapshot(changeset.domain_id, changeset.epoch_seq, dict(state), changeset)
+
+    def _drain_then_raise(self) -> Iterator[Changeset]:
+        yield from self.drain()
+        if self._failure is not None:
+            self.drain()  # raises the failure held back for the good changesets
 
     def check_gaps(self) -> None:
         """Raise if a quiescence point was seen but an epoch before it never came.
@@ -213,21 +266,36 @@ class Assembler:
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
 
-    def _feed_epoch(self, record: EpochRecord) -> list[Changeset]:
+    def _store_epoch(self, record: EpochRecord) -> bool:
+        """Keep ``record`` if new; False for a copy of one already held or applied."""
         domain = self._domain(record.domain_id)
         if record.epoch_seq <= domain.applied_seq:
-            return []  # a duplicate of an applied epoch
+            return False  # a duplicate of an applied epoch
         known = domain.epochs.get(record.epoch_seq)
         if known is not None:
             if known != record:
                 raise InconsistentLog(
                     f"two different records for one epoch: {known} and {record}",
                     domain_id=record.domain_id, epoch_seq=record.epoch_seq)
-            return []
+            return False
         domain.epochs[record.epoch_seq] = record
-        done = []
-        while (changeset := self._advance(domain)) is not None:
-            done.append(changeset)
+        return True
+
+    def _drain_domain(self, domain: _Domain, *, bulk: bool) -> list[Changeset]:
+        done: list[Changeset] = []
+        if bulk:
+            run = self._complete_run(domain)
+            if sum(r.quiescent for r in run) > 1:
+                done = self._advance_run(domain, run)
+                if done:
+                    return done
+        try:
+            while (changeset := self._advance(domain)) is not None:
+                done.append(changeset)
+        except InconsistentLog as exc:
+            if not done or not bulk:
+                raise
+            self._failure = exc  # raised after the good changesets are handed out
         return done
 
     # -- one quiescent interval -------------------------------------------------------------
@@ -260,6 +328,57 @@ class Assembler:
         domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
         return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
                          changes, before)
+
+    def _complete_run(self, domain: _Domain) -> list[EpochRecord]:
+        """The consecutive epochs held after the applied point, up to the last quiescent."""
+        run: list[EpochRecord] = []
+        seq = domain.applied_seq + 1
+        while (record := domain.epochs.get(seq)) is not None:
+            run.append(record)
+            seq += 1
+        while run and not run[-1].quiescent:
+            run.pop()
+        return run
+
+    def _advance_run(self, domain: _Domain, epochs: list[EpochRecord]) -> list[Changeset]:
+        """Verify and apply several intervals in one pass; [] to fall back to one by one."""
+        try:
+            self._check_tiling(domain, epochs)
+            data, rest = self._take_interval(domain, epochs)
+            base = np.uint64(domain.applied_end)
+            ends = np.array([(r.end_id - domain.applied_end) % (1 << 64) for r in epochs],
+                            dtype=np.uint64)
+            rel = data.column("batch_id").to_numpy() - base
+            epoch_index = np.searchsorted(ends, rel, side="right")
+            _check_counts(domain, epochs, data, epoch_index)
+            _check_setsums(domain, epochs, data, ends, base)
+        except InconsistentLog:
+            return []
+        quiescent = np.array([r.quiescent for r in epochs])
+        interval_of_epoch = np.concatenate(([0], np.cumsum(quiescent[:-1])))
+        results = cancel_out(self._state, _cell_keys(data), _flat(data.column("old")),
+                             _flat(data.column("new")), interval_of_epoch[epoch_index],
+                             int(quiescent.sum()))
+        if isinstance(results, BrokenChain):
+            return []  # one interval at a time, to hand out the good ones and name the cell
+        # Verified: apply, interval by interval, and hand out the changesets.
+        state = self._state
+        domain.chunks = rest
+        markers = [r for r in epochs if r.quiescent]
+        for record in epochs:
+            del domain.epochs[record.epoch_seq]
+        done = []
+        for marker, result in zip(markers, results, strict=True):
+            for key, final in result.changes.items():
+                if final:
+                    state[key] = final
+                else:
+                    state.pop(key, None)
+            done.append(Changeset(domain.domain_id, marker.epoch_seq, result.event_count,
+                                  domain.position(marker.epoch_seq, marker.end_id),
+                                  result.changes, result.before))
+        domain.applied_seq, domain.applied_end = markers[-1].epoch_seq, markers[-1].end_id
+        return done
 
     def _check_tiling(self, domain: _Domain, epochs: list[EpochRecord]) -> None:
         expected_begin = domain.applied_end
@@ -307,49 +426,12 @@ class Assembler:
 
     def _cancel_out(self, domain: _Domain, epochs: list[EpochRecord], data: pa.Table,
                     epoch_index: np.ndarray) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
-        n = data.num_rows
-        if n == 0:
-            return {}, {}
-        keys = pc.binary_join_element_wise(
-            data.column("table").cast(pa.binary()), data.column("column").cast(pa.binary()),
-            data.column("row"), b"\x00")
-        unique_keys = pc.unique(keys)
-        key_list = unique_keys.to_pylist()
-        state = self._state
-        current = [state.get(k, b"") for k in key_list]
-        m = len(key_list)
-        weights = np.concatenate((np.ones(n, np.int64), -np.ones(n, np.int64),
-                                  np.ones(m, np.int64)))
-        zset = pa.table({
-            "k": pa.concat_arrays([_flat(keys), _flat(keys), unique_keys]),
-            "v": pa.concat_arrays([_flat(data.column("new")), _flat(data.column("old")),
-                                   pa.array(current, pa.binary())]),
-            "w": weights,
-        }).group_by(["k", "v"]).aggregate([("w", "sum")])
-        totals = zset.column("w_sum").to_numpy()
-        nonzero = totals != 0
-        if not (totals[nonzero] == 1).all():
-            bad_key = zset.column("k").filter(pa.array(nonzero & (totals != 1)))[0].as_py()
-            raise self._cell_error(domain, epochs, data, keys, bad_key,
-                                   "its events do not chain from the value held to one "
-                                   "final value (an event is missing or altered)")
-        finals_keys = zset.column("k").filter(pa.array(nonzero)).to_pylist()
-        finals_vals = zset.column("v").filter(pa.array(nonzero)).to_pylist()
-        finals = dict(zip(finals_keys, finals_vals, strict=True))
-        before = dict(zip(key_list, current, strict=True))
-        changes = {k: v for k, v in finals.items() if v != before[k]}
-        # Where the events return to where they started, the Z-set cannot tell the
-        # start: check the value held is among the values the events replaced.
-        unchanged = [k for k in key_list if k not in changes]
-        if unchanged:
-            mask = pc.is_in(keys, value_set=pa.array(unchanged, pa.binary()))
-            replaced = set(zip(keys.filter(mask).to_pylist(),
-                               data.column("old").filter(mask).to_pylist(), strict=True))
-            for key in unchanged:
-                if (key, before[key]) not in replaced:
-                    raise self._cell_error(domain, epochs, data, keys, key,
-                                           "its events never replaced the value held")
-        return changes, {k: before[k] for k in changes}
+        keys = _cell_keys(data)
+        result = cancel_out(self._state, keys, _flat(data.column("old")),
+                            _flat(data.column("new")), np.zeros(data.num_rows, np.int64), 1)
+        if isinstance(result, BrokenChain):
+            raise self._cell_error(domain, epochs, data, keys, result.key, result.why)
+        return result[0].changes, result[0].before
 
     def _cell_error(self, domain: _Domain, epochs: list[EpochRecord], data: pa.Table,
                     keys: pa.Array, key: bytes, why: str) -> InconsistentLog:
@@ -364,6 +446,13 @@ class Assembler:
         return InconsistentLog(f"cell state cannot be rebuilt: {why}; value held {held!r}",
                                domain_id=domain.domain_id, epoch_seq=epoch,
                                cell=_decode_cell(key))
+
+
+def _cell_keys(data: pa.Table) -> pa.Array:
+    """Each event's cell as one binary key: table NUL column NUL tagged row."""
+    return _flat(pc.binary_join_element_wise(
+        data.column("table").cast(pa.binary()), data.column("column").cast(pa.binary()),
+        data.column("row"), b"\x00"))
 
 
 def _flat(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -414,16 +503,22 @@ def _check_setsums(domain: _Domain, epochs: list[EpochRecord], data: pa.Table,
                    ends: np.ndarray, base: np.uint64) -> None:
     if not any(r.setsum for r in epochs):
         return
-    per_epoch: list[list[bytes]] = [[] for _ in epochs]
-    for _domain, batch_id, digest in segment_digests(data):
-        index = int(np.searchsorted(ends, np.uint64(batch_id) - base, side="right"))
-        per_epoch[index].append(digest)
-    for record, digests in zip(epochs, per_epoch, strict=True):
+    segments = list(segment_digests(data))
+    batch_ids = np.array([batch for _, batch, _ in segments], dtype=np.uint64)
+    owner = np.searchsorted(ends, batch_ids - base, side="right").tolist()
+    per_epoch: dict[int, list[bytes]] = {}
+    for index, (_, _, digest) in zip(owner, segments, strict=True):
+        per_epoch.setdefault(index, []).append(digest)
+    for index, record in enumerate(epochs):
         if not record.setsum:
             continue
-        actual = Setsum().insert_digests(b"".join(digests)).hexdigest()
+        digests = per_epoch.get(index)
+        actual = _EMPTY_SETSUM if digests is None else Setsum.of_digests(digests).hexdigest()
         if actual != record.setsum:
             raise InconsistentLog(
                 f"setsum of the epoch's events is {actual}, its record says {record.setsum} "
                 "(an event was altered, lost or foreign)",
                 domain_id=domain.domain_id, epoch_seq=record.epoch_seq)
+
+
+_EMPTY_SETSUM: Final = Setsum().hexdigest()

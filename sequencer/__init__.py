@@ -18,6 +18,7 @@ from sequencer._values import (
     check_name,
     check_row,
     check_value,
+    check_write,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "check_name",
     "check_row",
     "check_value",
+    "check_write",
     "id_le",
     "id_lt",
     "new_domain_id",

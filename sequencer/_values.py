@@ -20,6 +20,7 @@ __all__ = [
     "check_name",
     "check_row",
     "check_value",
+    "check_write",
 ]
 
 INT64_MIN: Final = -(1 << 63)
@@ -65,7 +66,7 @@ _known_names: set[str] = set()
 def check_name(kind: str, name: object) -> str:
     """Return ``name`` if it is an identifier, else raise ``InvalidWrite`` naming ``kind``."""
     if name in _known_names:
-        return name  # type: ignore[return-value]
+        return name
     if type(name) is not str or not _IDENTIFIER.match(name):
         raise InvalidWrite(
             f"{kind} name {name!r} is not an identifier "
@@ -103,3 +104,25 @@ def check_value(value: object) -> Value:
     if kind is int and not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
         raise InvalidWrite(f"int value {value} does not fit in a signed 64-bit integer")
     return value  # type: ignore[return-value]
+
+
+_UNBOUNDED_TYPES: Final = frozenset({type(None), bool, float, str, bytes})
+
+
+def check_write(table: object, row: object, column: object, value: object) -> None:
+    """All the checks of one cell write in one call (the Agent's hot path).
+
+    Names already seen, a ``str`` or in-range ``int`` row and a value of a type with no
+    range to check cost a few set and type tests; anything else takes the full checks,
+    which raise ``InvalidWrite``.
+    """
+    known = _known_names
+    if (table in known and column in known
+            and (type(row) is str or (type(row) is int and INT64_MIN <= row <= INT64_MAX))
+            and (type(value) in _UNBOUNDED_TYPES
+                 or (type(value) is int and INT64_MIN <= value <= INT64_MAX))):
+        return
+    check_name("table", table)
+    check_row(row)
+    check_name("column", column)
+    check_value(value)

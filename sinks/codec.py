@@ -192,7 +192,7 @@ class EventBatch:
         ))
 
     def __len__(self) -> int:
-        return self.data.num_rows
+        return int(self.data.num_rows)
 
     def to_events(self) -> list[ChangeEvent]:
         cols = [self.data.column(i).to_pylist() for i in range(len(EVENT_SCHEMA))]
@@ -215,7 +215,7 @@ def encode_events(batch: EventBatch | pa.RecordBatch | pa.Table) -> bytes:
             writer.write_table(data)
         else:
             writer.write_batch(data)
-    return sink.getvalue().to_pybytes()
+    return bytes(sink.getvalue().to_pybytes())
 
 
 _EPOCH_HEAD = struct.Struct(">QQQQQBI32sH")

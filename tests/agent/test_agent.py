@@ -184,12 +184,18 @@ def test_forced_quiescence_times_out_with_a_clear_error() -> None:
     with c.agent.batch():
         c.agent.set("t", 1, "a", 1)
         clock.now += 2_000_000_000
-        errors = []
-        t = threading.Thread(target=lambda: errors.append(
-            pytest.raises(QuiescenceTimeout, c.agent.set, "t", 2, "a", 1)))
+        errors: list[BaseException] = []
+
+        def other_writer() -> None:
+            try:
+                c.agent.set("t", 2, "a", 1)
+            except QuiescenceTimeout as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=other_writer)
         t.start()
         t.join(10)
-        assert errors and "held a new write batch back" in str(errors[0].value)
+        assert errors and "held a new write batch back" in str(errors[0])
     c.agent.close()
 
 

@@ -102,3 +102,40 @@ def test_chains_in_any_order_cancel_to_the_final_state(
     epochs = [r for r in records if isinstance(r, EpochRecord)]
     shuffled = [*events, *epochs]
     assert bits(list(Assembler().replay(shuffled))[-1].state) == bits(c.store.snapshot())
+
+
+def test_a_restarted_agent_continues_the_log_as_a_new_domain() -> None:
+    """Two agent lifetimes on one store and one log: the replay follows both domains."""
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    store, log = MemoryStore(), []
+    for lifetime in range(2):
+        sink = MemorySink()  # each lifetime opens the destination anew
+        agent = Agent(store, sink)
+        for i in range(10):
+            agent.set("t", i % 3, "a", lifetime * 100 + i)
+        agent.delete("t", lifetime, "a")
+        agent.close()
+        log += sink.records
+    assert len({r.domain_id for r in log}) == 2
+    assert bits(list(Assembler().replay(log))[-1].state) == bits(store.snapshot())
+
+
+def test_a_crash_that_loses_unshipped_records_is_detected_by_the_next_domain() -> None:
+    """Writes the log never got (a crash before shipping) make the next domain's chain
+    fail: InconsistentLog naming the cell, never a silently wrong state."""
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    store, before, after = MemoryStore(), MemorySink(), MemorySink()
+    first = Agent(store, before)
+    first.set("t", 1, "a", "shipped")
+    first.close()
+    store.exchange("t", 1, "a", "written, then the process died")  # never captured
+    second = Agent(store, after)
+    second.set("t", 1, "a", "after restart")
+    second.close()
+    with pytest.raises(InconsistentLog) as info:
+        list(Assembler().replay(before.records + after.records))
+    assert info.value.cell == ("t", 1, "a")

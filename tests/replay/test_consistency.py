@@ -114,3 +114,14 @@ def test_encoded_log_replays_like_the_records(run: Captured) -> None:
     decoded = [decode(m) for m in messages]
     expected = [(s.epoch_seq, bits(s.state)) for s in Assembler().replay(run.sink.records)]
     assert [(s.epoch_seq, bits(s.state)) for s in Assembler().replay(decoded)] == expected
+
+
+def test_streaming_and_bulk_verification_agree(run: Captured) -> None:
+    """feed() one record at a time and changesets() in bulk give identical changesets."""
+    streaming = Assembler()
+    one_by_one = [c for record in run.sink.records for c in streaming.feed(record)]
+    bulk = list(Assembler().changesets(run.sink.records))
+    assert len(one_by_one) == len(bulk)
+    for a, b in zip(one_by_one, bulk, strict=True):
+        assert (a.epoch_seq, a.event_count, a.position) == (b.epoch_seq, b.event_count, b.position)
+        assert bits(a.changes) == bits(b.changes) and bits(a.before) == bits(b.before)

@@ -51,15 +51,12 @@ def test_resuming_from_any_position_neither_skips_nor_repeats() -> None:
             c.agent.set("t", i % 5, "a", i)
             c.agent.delete("t", (i + 2) % 5, "a")
     c.agent.close()
-    full = list(Assembler().changesets(c.sink.records))
+    full = list(Assembler().replay(c.sink.records))
     final = bits(c.store.snapshot())
     for stop in range(0, len(full), 7):
-        first = Assembler()
-        for changeset in first.changesets(c.sink.records):
-            if changeset.epoch_seq == full[stop].epoch_seq:
-                break
-        token = str(first.position)
-        resumed = Assembler(initial_state=first.state, position=token)
+        # What a consumer stores with its applied state: the changeset's position.
+        saved_state, token = full[stop].state, str(full[stop].changeset.position)
+        resumed = Assembler(initial_state=saved_state, position=token)
         rest = list(resumed.changesets(c.sink.records))
         assert [ch.epoch_seq for ch in rest] == [ch.epoch_seq for ch in full[stop + 1:]]
         assert bits(resumed.state) == final

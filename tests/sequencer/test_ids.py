@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 from hypothesis import given
@@ -28,7 +29,7 @@ def make_ids(clock: FakeClock, realtime_ns: int) -> MonotonicIds:
 
 def assert_strictly_increasing(ids: list[int]) -> None:
     assert 0 not in ids
-    for a, b in zip(ids, ids[1:], strict=False):
+    for a, b in itertools.pairwise(ids):
         assert id_lt(a, b), (hex(a), hex(b))
 
 

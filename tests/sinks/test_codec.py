@@ -53,7 +53,8 @@ def test_event_messages_round_trip(batch: list[ChangeEvent]) -> None:
     """encode_events then decode gives back the same events."""
     decoded = decode(encode_events(EventBatch.from_events(batch)))
     assert isinstance(decoded, EventBatch)
-    assert [encode_value(e.new) for e in decoded.to_events()] == [encode_value(e.new) for e in batch]
+    expected = [encode_value(e.new) for e in batch]
+    assert [encode_value(e.new) for e in decoded.to_events()] == expected
     assert [e.identity for e in decoded.to_events()] == [e.identity for e in batch]
 
 

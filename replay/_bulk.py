@@ -1,0 +1,144 @@
+"""Cancel-out over one or many quiescent intervals in one vectorised pass.
+
+Each event is a Z-set delta on its cell: +1 for ``new``, -1 for ``old``. For every
+(interval, cell), the sum must be nothing (the events returned to where they began)
+or exactly ``+final -initial``; and across intervals, each cell's initial must be the
+final it had before (the state held, or an earlier interval's final). Where the
+events return to where they began, the value they began from must be one they
+replaced (the Z-set alone cannot see the start of a closed loop).
+
+Everything runs on integer codes: cells and values are dictionary-encoded once, then
+grouped and compared with numpy, so a run of many tiny intervals (a single writer
+quiesces after almost every batch) costs about as much as one large interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["BrokenChain", "IntervalResult", "cancel_out"]
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalResult:
+    """What one interval changed: cell key -> final (``b""``: ABSENT), and before."""
+
+    changes: dict[bytes, bytes]
+    before: dict[bytes, bytes]
+    event_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenChain:
+    """The first (interval, cell) whose events cannot be rebuilt into a state."""
+
+    interval: int
+    key: bytes
+    why: str
+
+
+def cancel_out(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: pa.Array,
+               interval: np.ndarray, n_intervals: int) -> list[IntervalResult] | BrokenChain:
+    """Check and net out the events of ``n_intervals`` consecutive intervals.
+
+    ``keys``, ``old``, ``new`` and ``interval`` describe each (deduplicated) event;
+    ``state`` holds the values before the first interval (it is only read).
+    """
+    n = len(keys)
+    counts = np.bincount(interval, minlength=n_intervals)
+    if n == 0:
+        return [IntervalResult({}, {}, 0) for _ in range(n_intervals)]
+    # -- codes ------------------------------------------------------------------------
+    key_codes = pc.dictionary_encode(keys)
+    cells = key_codes.dictionary
+    kc = key_codes.indices.to_numpy().astype(np.int64)
+    n_cells = len(cells)
+    held = pa.array([state.get(k, b"") for k in cells.to_pylist()], pa.binary())
+    value_codes = pc.dictionary_encode(pa.concat_arrays([new, old, held]))
+    values = value_codes.dictionary
+    vc = value_codes.indices.to_numpy().astype(np.int64)
+    new_vc, old_vc, held_vc = vc[:n], vc[n:2 * n], vc[2 * n:]
+    n_values = len(values)
+    iv = interval.astype(np.int64)
+    group = iv * n_cells + kc  # (interval, cell) as one integer
+    # -- per (interval, cell): net Z-set -----------------------------------------------
+    combo = np.concatenate((group, group)) * n_values + np.concatenate((new_vc, old_vc))
+    unique, inverse = np.unique(combo, return_inverse=True)
+    weight = np.bincount(inverse, weights=np.concatenate((np.ones(n), -np.ones(n))))
+    nonzero = weight != 0
+    nz_group, nz_value = np.divmod(unique[nonzero], n_values)
+    nz_weight = weight[nonzero]
+    # Each changed group (sorted) must be exactly one -1 and one +1 entry; the weights
+    # of a group always sum to zero, so "two entries of absolute weight 1" says it.
+    changed_groups, first_entry, entries = np.unique(nz_group, return_index=True,
+                                                     return_counts=True)
+    if len(changed_groups):
+        abs_sum = np.add.reduceat(np.abs(nz_weight), first_entry)
+        bad = (entries != 2) | (abs_sum != 2)
+        if bad.any():
+            return _broken(int(changed_groups[bad][0]), n_cells, cells,
+                           "its events do not chain from the value held to one final "
+                           "value (an event is missing or altered)")
+    plus_first = nz_weight[0::2] > 0
+    final_vc = np.where(plus_first, nz_value[0::2], nz_value[1::2])
+    initial_vc = np.where(plus_first, nz_value[1::2], nz_value[0::2])
+    # -- across intervals: each cell's chain ------------------------------------------
+    touched = np.unique(group)
+    t_iv, t_kc = np.divmod(touched, n_cells)
+    order = np.lexsort((t_iv, t_kc))  # by cell, then interval
+    t_kc, touched = t_kc[order], touched[order]
+    m = len(touched)
+    t_final = np.full(m, -1, dtype=np.int64)
+    t_initial = np.full(m, -1, dtype=np.int64)
+    is_changed = np.zeros(m, dtype=bool)
+    if len(changed_groups):
+        where = np.minimum(np.searchsorted(changed_groups, touched), len(changed_groups) - 1)
+        is_changed = changed_groups[where] == touched
+        t_final = np.where(is_changed, final_vc[where], -1)
+        t_initial = np.where(is_changed, initial_vc[where], -1)
+    positions = np.arange(m)
+    first = np.ones(m, dtype=bool)
+    first[1:] = t_kc[1:] != t_kc[:-1]
+    start = np.maximum.accumulate(np.where(first, positions, 0))
+    last_changed = np.maximum.accumulate(np.where(is_changed, positions, -1))
+    before_me = np.concatenate(([-1], last_changed[:-1]))
+    from_run = before_me >= start
+    start_vc = np.where(from_run, t_final[np.maximum(before_me, 0)], held_vc[t_kc])
+    wrong_start = is_changed & (t_initial != start_vc)
+    if wrong_start.any():
+        i = int(np.flatnonzero(wrong_start)[0])
+        return _broken(int(touched[i]), n_cells, cells,
+                       "its first event did not replace the value the cell held")
+    loops = ~is_changed
+    if loops.any():
+        replaced = np.unique(group * n_values + old_vc)
+        wanted = touched[loops] * n_values + start_vc[loops]
+        missing = ~np.isin(wanted, replaced)
+        if missing.any():
+            i = int(np.flatnonzero(loops)[np.flatnonzero(missing)[0]])
+            return _broken(int(touched[i]), n_cells, cells,
+                           "its events never replaced the value held")
+    # -- hand out what each interval changed ---------------------------------------------
+    c_iv, c_kc = np.divmod(changed_groups, n_cells)
+    c_keys = cells.take(pa.array(c_kc)).to_pylist()
+    c_final = values.take(pa.array(final_vc)).to_pylist()
+    c_initial = values.take(pa.array(initial_vc)).to_pylist()
+    bounds = np.searchsorted(c_iv, np.arange(n_intervals + 1)).tolist()
+    return [
+        IntervalResult(
+            dict(zip(c_keys[lo:hi], c_final[lo:hi], strict=True)),
+            dict(zip(c_keys[lo:hi], c_initial[lo:hi], strict=True)),
+            int(counts[i]),
+        )
+        for i, (lo, hi) in enumerate(itertools.pairwise(bounds))
+    ]
+
+
+def _broken(group: int, n_cells: int, cells: pa.Array, why: str) -> BrokenChain:
+    interval, cell = divmod(group, n_cells)
+    return BrokenChain(interval, cells[cell].as_py(), why)
