@@ -41,8 +41,8 @@ def test_inspect_scrub_verify_on_a_sound_log(log_uri: str,
     assert info["oldest_offset"] == 1 and info["next_offset"] > 1
     assert info["manifest_problems"] == [] and not info["sealed"]
     assert main(["log", "scrub", log_uri]) == 0
-    out = capsys.readouterr()
-    assert "OK: every setsum balances" in out.out and "scrubbing" in out.err
+    captured = capsys.readouterr()
+    assert "OK: every setsum balances" in captured.out and "scrubbing" in captured.err
     assert main(["log", "verify", log_uri]) == 0
     out = capsys.readouterr().out
     assert "changesets" in out and "OK: scrub clean" in out

@@ -16,6 +16,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 
@@ -23,6 +24,7 @@ from sinks.objstore import Call, Crash, InMemoryObjectStore
 from sinks.wal3 import (
     CursorStore,
     GarbageCollector,
+    LogPosition,
     LogReader,
     LogWriter,
     SnapshotOptions,
@@ -61,7 +63,7 @@ def run_trial(seed: int) -> tuple[int, int]:
     for _session in range(rng.randint(2, 4)):
         proc = ProcessStore(store)
         _arm(store, rng)
-        submitted = []
+        submitted: list[tuple[bytes, Future[LogPosition]]] = []
         try:
             writer = LogWriter.open(proc, options=opts, sleep=no_sleep)
         except Crash:
