@@ -6,6 +6,14 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
+from agent._postgres_spec import (
+    PostgresError,
+    SchemaMismatch,
+    TableSpec,
+    WriteFailed,
+    WriteOutcomeUnknown,
+)
+from agent._postgres_store import AsyncPostgresStore, PostgresStore
 from agent._shipper import ShippingFailed
 from agent._store import AsyncMemoryStore, AsyncRelaxedStore, MemoryStore, RelaxedStore
 from sequencer import ABSENT, InvalidWrite
@@ -16,10 +24,17 @@ __all__ = [
     "AgentClosed",
     "AsyncAgent",
     "AsyncMemoryStore",
+    "AsyncPostgresStore",
     "AsyncRelaxedStore",
     "InvalidWrite",
     "MemoryStore",
+    "PostgresError",
+    "PostgresStore",
     "QuiescenceTimeout",
     "RelaxedStore",
+    "SchemaMismatch",
     "ShippingFailed",
+    "TableSpec",
+    "WriteFailed",
+    "WriteOutcomeUnknown",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,9 +35,9 @@ def register(subparsers: Any) -> None:
                         help="write batches per writer (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--log", metavar="URI", default=None,
-                        help="where the log goes: memory://, file:///dir or s3://bucket/prefix "
-                             "(default: a wal3 log in a new temporary folder, or memory:// "
-                             "when the wal3 sink is not installed)")
+                        help="where the log goes: file:///dir or s3://bucket/prefix (a wal3 "
+                             "log), or memory:// (default: a wal3 log in a new temporary "
+                             "folder, kept for `cdc-agent log scrub`)")
     parser.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// logs")
     parser.add_argument("--postgres", metavar="DSN", default=None,
                         help="run the writers against PostgreSQL and replicate into "
@@ -55,11 +56,19 @@ class Destination:
 
 
 def open_destination(uri: str | None, endpoint_url: str | None) -> Destination:
-    if uri is None or uri.startswith("memory:"):
+    if uri is not None and uri.startswith("memory:"):
         sink = MemorySink()
         return Destination("memory://", sink, lambda: sink.records)
-    raise SystemExit(f"cdc-agent demo: unsupported --log URI {uri!r} "
-                     "(use memory://, file:///dir or s3://bucket/prefix)")
+    if uri is None:
+        uri = "file://" + tempfile.mkdtemp(prefix="cdc-demo-log-")
+    if not uri.startswith(("file://", "s3://")):
+        raise SystemExit(f"cdc-agent demo: unsupported --log URI {uri!r} "
+                         "(use file:///dir, s3://bucket/prefix or memory://)")
+    from sinks.wal3 import open_log_sink, read_log
+
+    log_uri = uri
+    wal3 = open_log_sink(log_uri, endpoint_url=endpoint_url)
+    return Destination(log_uri, wal3, lambda: read_log(log_uri, endpoint_url=endpoint_url))
 
 
 def run(args: argparse.Namespace) -> int:

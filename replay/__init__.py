@@ -7,6 +7,7 @@ May import ``sequencer`` and ``sinks``; never ``agent``. Start with ``_assembler
 from replay._assembler import Assembler, Changeset, Snapshot
 from replay._errors import InconsistentLog
 from replay._position import Frontier, InvalidPosition, Position
+from replay._postgres_replica import PostgresReplica, ReplicaError
 
 __all__ = [
     "Assembler",
@@ -15,5 +16,7 @@ __all__ = [
     "InconsistentLog",
     "InvalidPosition",
     "Position",
+    "PostgresReplica",
+    "ReplicaError",
     "Snapshot",
 ]

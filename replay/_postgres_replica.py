@@ -1,0 +1,466 @@
+"""A PostgreSQL replica: consistent changesets applied exactly once, with the position.
+
+``PostgresReplica(dsn, tables)`` writes each ``Changeset`` into tables of a target
+database in ONE transaction together with the consumer's position token (table
+``cdc_agent_position(consumer, token)``). So the replica only ever holds a state the
+source really had, and after a crash it knows exactly where it stands: read
+``replica.position``, resume the consumer (``Assembler(position=...)``) from it, and
+feed the changesets again; any at or before the stored position is a no-op.
+
+The tables are laid out as on the source (see ``docs/postgres.md``): each table has a
+key column with a unique index, nullable value columns, and optionally a ``text[]``
+presence column; ``tables`` maps names to anything with ``key_column``, ``columns``
+and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged with
+a binary COPY into a temporary table per target table, then merged with one UPDATE
+and one INSERT: a few statements per changeset, whatever its size.
+
+psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
+``ReplicaError`` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import structlog
+
+from replay._assembler import Changeset
+from replay._position import Frontier, InvalidPosition
+from sequencer import ABSENT, Absent, RowKey, Value
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresReplica", "ReplicaError", "TableLayout"]
+
+log = structlog.get_logger()
+
+Cell = tuple[str, RowKey, str]
+
+POSITION_TABLE: Final = "cdc_agent_position"
+
+_TYPES: Final[dict[str, type]] = {
+    "int2": int, "int4": int, "int8": int, "float8": float, "text": str, "varchar": str,
+    "bytea": bytes, "bool": bool,
+}
+_CATALOG_SQL: Final = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
+       EXISTS (SELECT 1 FROM pg_index i
+                WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1
+                  AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
+  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+ WHERE a.attrelid = to_regclass(quote_ident(%s)) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+class TableLayout(Protocol):
+    """How a table holds cells (``agent.TableSpec`` is one)."""
+
+    @property
+    def key_column(self) -> str: ...
+
+    @property
+    def columns(self) -> Sequence[str]: ...
+
+    @property
+    def presence_column(self) -> str | None: ...
+
+
+class ReplicaError(Exception):
+    """The replica could not apply a changeset; the message says what the replica holds."""
+
+
+def _require_psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the PostgreSQL replica needs psycopg 3; install the extra: "
+            "pip install 'cdc-agent[postgres]'"
+        ) from exc
+    return psycopg
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """One target table, checked, with its staging table and merge statements."""
+
+    name: str
+    key_column: str
+    key_type: str
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    copy_types: tuple[str, ...]
+    kinds: tuple[type, ...]
+    presence_column: str | None
+    stage: str
+    create_stage: bytes
+    copy: bytes
+    merge_update: bytes
+    merge_insert: bytes
+    scan: bytes
+    check_before: bytes
+
+
+def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[Any, ...]]
+                 ) -> _Table:
+    from psycopg import sql
+
+    if not rows:
+        raise ReplicaError(f"replica table {name!r} does not exist in the target database; "
+                           "create it (same layout as the source) first")
+    by_name = {r[0]: r for r in rows}
+    columns = tuple(layout.columns)
+    presence = layout.presence_column
+    wanted = [layout.key_column, *columns, *([presence] if presence else [])]
+    missing = [c for c in wanted if c not in by_name]
+    if missing:
+        raise ReplicaError(f"replica table {name!r} has no column(s) {missing}")
+    if not by_name[layout.key_column][3]:
+        raise ReplicaError(f"replica key column {name}.{layout.key_column} needs a primary "
+                           "key or unique index of its own")
+    for column in columns:
+        if by_name[column][2] not in _TYPES:
+            raise ReplicaError(f"replica column {name}.{column} has type "
+                               f"{by_name[column][1]}, which cannot hold cell values bit for bit")
+    if presence is not None and by_name[presence][1] != "text[]":
+        raise ReplicaError(f"replica presence column {name}.{presence} must be text[]")
+    types = tuple(by_name[c][1] for c in columns)
+    kinds = tuple(_TYPES[by_name[c][2]] for c in columns)
+    key_type = by_name[layout.key_column][1]
+
+    ident = sql.Identifier
+    table, key = ident(name), ident(layout.key_column)
+    stage_name = f"cdc_stage_{index}"
+    stage = ident(stage_name)
+    # Staging row: the key; which columns change; which are present after and before;
+    # the new values (v0..); the values the changesets expect to replace (b0..).
+    value_names = [ident(f"v{i}") for i in range(len(columns))]
+    before_names = [ident(f"b{i}") for i in range(len(columns))]
+    create_stage = sql.SQL(
+        "CREATE TEMP TABLE IF NOT EXISTS {stage} (k {kt} PRIMARY KEY, changed text[] NOT NULL, "
+        "present text[] NOT NULL, was_present text[] NOT NULL, {values}) "
+        "ON COMMIT DELETE ROWS"
+    ).format(stage=stage, kt=sql.SQL(key_type), values=sql.SQL(", ").join(
+        sql.SQL("{} {}").format(v, sql.SQL(t))
+        for v, t in zip(value_names + before_names, types + types, strict=True)))
+    copy = sql.SQL("COPY {stage} (k, changed, present, was_present, {values}) "
+                   "FROM STDIN (FORMAT BINARY)"
+                   ).format(stage=stage,
+                            values=sql.SQL(", ").join(value_names + before_names))
+    sets = [
+        sql.SQL("{c} = CASE WHEN {lit} = ANY(s.changed) THEN s.{v} ELSE {tc} END").format(
+            c=ident(c), lit=sql.Literal(c), v=v, tc=ident("t", c))
+        for c, v in zip(columns, value_names, strict=True)
+    ]
+    insert_names = [key, *map(ident, columns)]
+    insert_values = [sql.SQL("s.k"), *(sql.SQL("s.{}").format(v) for v in value_names)]
+    if presence is not None:
+        sets.append(sql.SQL(
+            "{p} = ARRAY(SELECT x FROM unnest(coalesce({tp}, '{{}}'::text[])) AS x "
+            "WHERE x <> ALL(s.changed)) || s.present").format(
+                p=ident(presence), tp=ident("t", presence)))
+        insert_names.append(ident(presence))
+        insert_values.append(sql.SQL("s.present"))
+    merge_update = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE {tk} = s.k"
+                           ).format(t=table, sets=sql.SQL(", ").join(sets), stage=stage,
+                                    tk=ident("t", layout.key_column))
+    merge_insert = sql.SQL(
+        "INSERT INTO {t} ({names}) SELECT {values} FROM {stage} AS s "
+        "WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE {tk} = s.k)"
+    ).format(t=table, names=sql.SQL(", ").join(insert_names),
+             values=sql.SQL(", ").join(insert_values), stage=stage,
+             tk=ident("t", layout.key_column))
+    if presence is None:
+        present_exprs = [sql.SQL("({} IS NOT NULL)").format(ident("t", c)) for c in columns]
+    else:
+        present_exprs = [sql.SQL("({} = ANY(coalesce({}, '{{}}'::text[])))").format(
+            sql.Literal(c), ident("t", presence)) for c in columns]
+    mismatches = []
+    for c, b, kind, present in zip(columns, before_names, kinds, present_exprs, strict=True):
+        if kind is float:  # bit for bit: float8 '=' says NaN = NaN and -0.0 = 0.0
+            equal = sql.SQL("float8send({}) IS NOT DISTINCT FROM float8send(s.{})").format(
+                ident("t", c), b)
+        elif kind is str:
+            equal = sql.SQL('({} COLLATE "C") IS NOT DISTINCT FROM (s.{} COLLATE "C")').format(
+                ident("t", c), b)
+        else:
+            equal = sql.SQL("{} IS NOT DISTINCT FROM s.{}").format(ident("t", c), b)
+        lit = sql.Literal(c)
+        mismatches.append(sql.SQL(
+            "({lit} = ANY(s.changed) AND ({present} IS DISTINCT FROM ({lit} = ANY(s.was_present))"
+            " OR ({lit} = ANY(s.was_present) AND NOT ({equal}))))").format(
+                lit=lit, present=present, equal=equal))
+    check_before = sql.SQL(
+        "SELECT s.k FROM {stage} AS s LEFT JOIN {t} AS t ON {tk} = s.k WHERE {bad} LIMIT 1"
+    ).format(stage=stage, t=table, tk=ident("t", layout.key_column),
+             bad=sql.SQL(" OR ").join(mismatches))
+    scan = sql.SQL("SELECT {k}, {values}, {present} FROM {t} AS t").format(
+        k=ident("t", layout.key_column),
+        values=sql.SQL(", ").join(ident("t", c) for c in columns),
+        present=sql.SQL(", ").join(present_exprs), t=table)
+    value_types = tuple(by_name[c][2] for c in columns)
+    copy_types = (by_name[layout.key_column][2], "text[]", "text[]", "text[]",
+                  *value_types, *value_types)
+    return _Table(name, layout.key_column, key_type, columns, types, copy_types, kinds, presence,
+                  stage_name, create_stage.as_bytes(None), copy.as_bytes(None),
+                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
+                  check_before.as_bytes(None))
+
+
+class PostgresReplica:
+    """Applies consistent changesets to a PostgreSQL database, exactly once.
+
+    ``consumer`` names this replica's row in ``cdc_agent_position`` (several replicas
+    may share a database). With ``verify_before`` (the default) every apply first checks
+    that the rows hold the values the changesets replace, so a replica fed from the
+    wrong position, or written by someone else, refuses instead of diverging. ``fault``
+    is for tests: it is called with the name of each step of ``apply`` and may raise to
+    simulate a crash there.
+    """
+
+    def __init__(self, dsn: str, tables: Mapping[str, TableLayout], *,
+                 consumer: str = "default", connect_timeout: float = 10.0,
+                 verify_before: bool = True,
+                 fault: Callable[[str], None] | None = None) -> None:
+        self._psycopg = _require_psycopg()
+        if not tables:
+            raise ReplicaError("a replica needs at least one table")
+        self.consumer = consumer
+        self._verify_before = verify_before
+        self._fault = fault
+        try:
+            self._conn: psycopg.Connection[Any] = self._psycopg.connect(
+                dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
+        except self._psycopg.Error as exc:
+            raise ReplicaError(f"cannot connect to the replica database: {exc}") from exc
+        try:
+            self._tables = {
+                name: _build_table(i, name, layout,
+                                   self._conn.execute(_CATALOG_SQL, (name,)).fetchall())
+                for i, (name, layout) in enumerate(tables.items())
+            }
+            self._setup()
+        except self._psycopg.Error as exc:
+            self._conn.close()
+            raise ReplicaError(f"cannot prepare the replica database: {exc}") from exc
+        except Exception:
+            self._conn.close()
+            raise
+
+    def _setup(self) -> None:
+        from psycopg import sql
+
+        positions = sql.Identifier(POSITION_TABLE)
+        self._lock_position = sql.SQL(
+            "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(positions).as_bytes(None)
+        self._set_position = sql.SQL(
+            "UPDATE {} SET token = %s WHERE consumer = %s").format(positions).as_bytes(None)
+        conn = self._conn
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (consumer text PRIMARY KEY, token text NOT NULL)"
+        ).format(sql.Identifier(POSITION_TABLE)))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (consumer, token) VALUES (%s, '') ON CONFLICT DO NOTHING"
+        ).format(sql.Identifier(POSITION_TABLE)), (self.consumer,))
+        for table in self._tables.values():
+            conn.execute(table.create_stage)
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def position(self) -> Frontier | None:
+        """The stored position (None: nothing applied yet). Resume the consumer from it."""
+        from psycopg import sql
+
+        try:
+            row = self._conn.execute(sql.SQL(
+                "SELECT token FROM {} WHERE consumer = %s").format(
+                    sql.Identifier(POSITION_TABLE)), (self.consumer,)).fetchone()
+        except self._psycopg.Error as exc:
+            raise ReplicaError(f"cannot read the replica's position: {exc}") from exc
+        return self._parse(row[0] if row else "")
+
+    def _parse(self, token: str) -> Frontier | None:
+        if not token:
+            return None
+        try:
+            return Frontier.parse(token)
+        except InvalidPosition as exc:
+            raise ReplicaError(
+                f"the position stored for consumer {self.consumer!r} in {POSITION_TABLE} "
+                f"does not parse ({exc}); the replica's tables are untouched") from exc
+
+    def snapshot(self) -> dict[Cell, Value]:
+        """Every present cell of the replica's tables, read in one transaction."""
+        cells: dict[Cell, Value] = {}
+        conn = self._conn
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                for table in self._tables.values():
+                    width = len(table.columns)
+                    for record in conn.cursor(binary=True).execute(table.scan):
+                        row = record[0]
+                        for i, column in enumerate(table.columns):
+                            if record[1 + width + i]:
+                                cells[(table.name, row, column)] = record[1 + i]
+        except self._psycopg.Error as exc:
+            raise ReplicaError(f"cannot read the replica: {exc}") from exc
+        return cells
+
+    # -- applying ------------------------------------------------------------------------
+
+    def apply(self, changeset: Changeset) -> bool:
+        """Apply one changeset; False if the stored position already covers it."""
+        return self.apply_many([changeset]) > 0
+
+    def apply_many(self, changesets: Iterable[Changeset]) -> int:
+        """Apply consecutive changesets in ONE transaction; return how many were new.
+
+        The tables move from one quiescent state straight to the last one (cells changed
+        by several changesets are written once, with their final value).
+
+        Step 1. Begin; lock this consumer's position row and read the stored token.
+        Step 2. Drop the changesets the position already covers (each a no-op); merge
+                the rest into one set of cell changes and the position after the last.
+        Step 3. Per table: binary COPY the changed rows into the staging table.
+        Step 4. Per table: check that the rows hold what the changesets replace (their
+                ``before`` values; unless ``verify_before=False``), then UPDATE the rows
+                that exist and INSERT the ones that do not.
+        Step 5. Write the new position token (steps 4 and 5 share one round trip).
+        Step 6. Commit: the changes and the position become visible together, or not at
+                all (a crash before this step leaves the previous state and position).
+        """
+        psycopg = self._psycopg
+        conn = self._conn
+        changesets = list(changesets)
+        fresh = 0
+        try:
+            with conn.transaction():
+                # Step 1.
+                row = conn.execute(self._lock_position, (self.consumer,)).fetchone()
+                if row is None:
+                    raise ReplicaError(
+                        f"the position row of consumer {self.consumer!r} vanished from "
+                        f"{POSITION_TABLE}; nothing was applied")
+                frontier = self._parse(row[0]) or Frontier({})
+                # Step 2.
+                merged: dict[Cell, Value | Absent] = {}
+                before: dict[Cell, Value | Absent] = {}
+                for changeset in changesets:
+                    stored = frontier.get(changeset.domain_id)
+                    if stored is not None and stored.epoch_seq >= changeset.epoch_seq:
+                        continue
+                    merged.update(changeset.changes)
+                    if self._verify_before:
+                        for cell, value in changeset.before.items():
+                            before.setdefault(cell, value)  # the earliest one counts
+                    frontier = frontier.advanced(changeset.position)
+                    fresh += 1
+                if not fresh:
+                    return 0
+                self._step("read")
+                # Step 3.
+                staged = self._stage(merged, before)
+                self._step("staged")
+                # Steps 4 and 5 go in one round trip (pipeline mode).
+                checks = []
+                with conn.pipeline():
+                    # Step 4.
+                    for table in staged:
+                        if self._verify_before:
+                            checks.append((table, conn.execute(table.check_before)))
+                        conn.execute(table.merge_update)
+                        conn.execute(table.merge_insert)
+                    self._step("merged")
+                    # Step 5.
+                    conn.execute(self._set_position, (str(frontier), self.consumer))
+                    self._step("position")
+                for table, check in checks:
+                    found = check.fetchone()
+                    if found is not None:
+                        raise ReplicaError(
+                            f"row {found[0]!r} of replica table {table.name!r} does not hold "
+                            "what the changesets replace: the replica is not at the state "
+                            "they start from (the consumer resumed from another position, or "
+                            "something else wrote to the replica); nothing was applied, the "
+                            f"replica stays at {self._parse(row[0])}")
+            # Step 6 happened when the transaction block closed.
+            self._step("committed")
+            log.debug("cdc.replica_applied", consumer=self.consumer, changesets=fresh,
+                      cells=len(merged), position=str(frontier))
+        except psycopg.Error as exc:
+            outcome = ("the commit may or may not have happened: read .position to know"
+                       if getattr(exc, "sqlstate", None) is None else
+                       "the transaction was rolled back: the replica holds its previous state")
+            raise ReplicaError(f"applying {fresh or len(changesets)} changeset(s) "
+                               f"failed ({exc}); {outcome}") from exc
+        return fresh
+
+    def _step(self, name: str) -> None:
+        if self._fault is not None:
+            self._fault(name)
+
+    def _stage(self, merged: Mapping[Cell, Value | Absent],
+               before: Mapping[Cell, Value | Absent]) -> list[_Table]:
+        by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
+        for (table_name, row, column), value in merged.items():
+            by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
+        staged = []
+        for name, rows in by_row.items():
+            table = self._tables.get(name)
+            if table is None:
+                raise ReplicaError(f"a changeset writes table {name!r}, which this replica "
+                                   f"does not hold ({sorted(self._tables)}); nothing applied")
+            index = {c: i for i, c in enumerate(table.columns)}
+            with self._conn.cursor().copy(table.copy) as copy:
+                copy.set_types(list(table.copy_types))
+                width = len(table.columns)
+                for row, cells in rows.items():
+                    values: list[object] = [None] * (2 * width)  # new values, then before
+                    present, was_present = [], []
+                    for column, value in cells.items():
+                        i = index.get(column)
+                        if i is None:
+                            raise ReplicaError(
+                                f"a changeset writes column {name}.{column}, which this "
+                                "replica does not hold; nothing applied")
+                        if value is not ABSENT:
+                            _check(table, i, value)  # type: ignore[arg-type]
+                            values[i] = value
+                            present.append(column)
+                        old = before.get((name, row, column), ABSENT)
+                        if old is not ABSENT:
+                            _check(table, i, old)  # type: ignore[arg-type]
+                            values[width + i] = old
+                            was_present.append(column)
+                    copy.write_row([row, list(cells), present, was_present, *values])
+            staged.append(table)
+        return staged
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> PostgresReplica:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check(table: _Table, i: int, value: Value) -> None:
+    """Refuse a value the replica column cannot hold as the source had it."""
+    column = table.columns[i]
+    if value is None:
+        if table.presence_column is None:
+            raise ReplicaError(
+                f"a changeset stores None in {table.name}.{column}, which has no presence "
+                "column (NULL means ABSENT there); nothing applied")
+        return
+    if type(value) is not table.kinds[i]:
+        raise ReplicaError(
+            f"a changeset stores {value!r:.60} ({type(value).__name__}) in "
+            f"{table.name}.{column} ({table.types[i]}); nothing applied")

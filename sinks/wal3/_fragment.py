@@ -1,0 +1,124 @@
+"""Fragments: the Parquet files that hold a log's records (Chroma wal3's layout).
+
+One row per record, Snappy-compressed, columns ``offset`` uint64, ``timestamp_us``
+uint64, ``body`` binary. Offsets are absolute and contiguous; every record of a
+fragment shares the timestamp at which the writer cut the batch. A record contributes
+the item ``be64(offset) || be64(timestamp_us) || body`` to its fragment's setsum.
+
+Beyond Chroma, the writer also stores that setsum in the file's key-value metadata
+(``wal3.setsum``), so a fragment whose manifest update never happened can be verified on
+its own before a later writer rolls it forward. Readers of Chroma's files (which lack
+it, and may use a ``relative_offset`` column instead) still work.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sinks._setsum import Setsum
+from sinks.wal3._errors import CorruptFragment
+
+__all__ = ["FRAGMENT_SCHEMA", "FragmentData", "decode_fragment", "encode_fragment", "record_setsum"]
+
+FRAGMENT_SCHEMA: Final = pa.schema([
+    pa.field("offset", pa.uint64(), nullable=False),
+    pa.field("timestamp_us", pa.uint64(), nullable=False),
+    pa.field("body", pa.binary(), nullable=False),
+])
+_SETSUM_KEY: Final = b"wal3.setsum"
+_HEAD: Final = struct.Struct(">QQ")
+
+
+def record_setsum(start: int, timestamp_us: int, bodies: Sequence[bytes]) -> Setsum:
+    """The setsum of records ``bodies`` at offsets ``start, start + 1, ...``."""
+    pack = _HEAD.pack
+    return Setsum.of(pack(start + i, timestamp_us) + bytes(body) for i, body in enumerate(bodies))
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentData:
+    """The decoded records of one fragment."""
+
+    start: int
+    offsets: list[int]
+    timestamps_us: list[int]
+    bodies: list[bytes]
+    setsum: Setsum
+    stored_setsum: Setsum | None
+
+    @property
+    def limit(self) -> int:
+        return self.start + len(self.bodies)
+
+
+def encode_fragment(
+    start: int, timestamp_us: int, bodies: Sequence[bytes]
+) -> tuple[bytes, Setsum]:
+    """The Parquet bytes of a fragment holding ``bodies`` from offset ``start``, and its setsum."""
+    setsum = record_setsum(start, timestamp_us, bodies)
+    n = len(bodies)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(range(start, start + n), type=pa.uint64()),
+            pa.array([timestamp_us] * n, type=pa.uint64()),
+            pa.array(bodies, type=pa.binary()),
+        ],
+        schema=FRAGMENT_SCHEMA.with_metadata({_SETSUM_KEY: setsum.hexdigest().encode()}),
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    return sink.getvalue().to_pybytes(), setsum
+
+
+def decode_fragment(
+    data: bytes, *, path: str = "fragment", start: int | None = None
+) -> FragmentData:
+    """Decode and self-check a fragment (contiguous offsets, stored setsum if present).
+
+    ``start`` is needed only for Chroma's relative-offset fragments.
+    """
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptFragment(f"{path} is not a readable Parquet file: {exc}") from exc
+    names = table.schema.names
+    try:
+        if "offset" in names:
+            offsets = table.column("offset").to_pylist()
+        elif "relative_offset" in names and start is not None:
+            offsets = [start + o for o in table.column("relative_offset").to_pylist()]
+        else:
+            raise CorruptFragment(f"{path} has no offset column (columns: {names})")
+        timestamps = table.column("timestamp_us").to_pylist()
+        bodies = table.column("body").to_pylist()
+    except KeyError as exc:
+        raise CorruptFragment(f"{path} lacks a column: {exc}") from exc
+    if not offsets:
+        raise CorruptFragment(f"{path} holds no record")
+    first = offsets[0]
+    if offsets != list(range(first, first + len(offsets))):
+        raise CorruptFragment(f"{path}: offsets are not contiguous from {first}")
+    pack = _HEAD.pack
+    setsum = Setsum.of(
+        pack(o, t) + b for o, t, b in zip(offsets, timestamps, bodies, strict=True)
+    )
+    meta = table.schema.metadata or {}
+    stored = meta.get(_SETSUM_KEY)
+    stored_setsum = None
+    if stored is not None:
+        try:
+            stored_setsum = Setsum.from_hexdigest(stored.decode())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptFragment(f"{path}: unreadable stored setsum {stored!r:.80}") from exc
+        if stored_setsum != setsum:
+            raise CorruptFragment(
+                f"{path}: records sum to {setsum.hexdigest()}, the file says "
+                f"{stored_setsum.hexdigest()}"
+            )
+    return FragmentData(first, offsets, timestamps, bodies, setsum, stored_setsum)

@@ -1,0 +1,133 @@
+"""The agent's sink onto a wal3 log, and the consumer that reads it back.
+
+Each ``write_events`` and each ``write_epoch`` becomes one wal3 record whose body is
+the ``sinks.codec`` message (``encode_events`` / ``encode_epoch``); records keep the
+order the agent ships them in. ``flush`` returns once every record written so far is
+linked into the manifest. ``read_log`` decodes the records back in log order and,
+given a cursor name, resumes where that cursor points and moves it as it goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from sequencer import EpochRecord
+from sinks._protocol import SinkClosed, SinkError
+from sinks.codec import EventBatch, decode, encode_epoch, encode_events
+from sinks.objstore import ObjectStore
+from sinks.wal3._cursors import CursorStore
+from sinks.wal3._errors import AlreadyInitialized
+from sinks.wal3._manifest import LogPosition
+from sinks.wal3._reader import LogReader
+from sinks.wal3._store import as_store
+from sinks.wal3._writer import LogWriter, WriterOptions
+
+__all__ = ["Wal3Sink", "open_log_sink", "read_log"]
+
+
+class Wal3Sink:
+    """A ``Sink`` writing to a wal3 log (initialized on first use unless told not to)."""
+
+    def __init__(self, store_or_uri: ObjectStore | str, prefix: str = "", *,
+                 endpoint_url: str | None = None, options: WriterOptions | None = None,
+                 initialize: bool = True, writer_name: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        store = as_store(store_or_uri, endpoint_url=endpoint_url)
+        if initialize:
+            with contextlib.suppress(AlreadyInitialized):
+                LogWriter.initialize(store, prefix, writer_name=writer_name)
+        self._writer = LogWriter.open(store, prefix, options=options, clock=clock,
+                                      writer_name=writer_name)
+        self._outstanding: deque[Future[LogPosition]] = deque()
+        self._closed = False
+        self.records = 0
+
+    @property
+    def writer(self) -> LogWriter:
+        return self._writer
+
+    @property
+    def uri(self) -> str:
+        return self._writer.store.describe()
+
+    def write_events(self, batch: EventBatch) -> None:
+        self._submit(encode_events(batch))
+
+    def write_epoch(self, record: EpochRecord) -> None:
+        self._submit(encode_epoch(record))
+
+    def _submit(self, body: bytes) -> None:
+        if self._closed:
+            raise SinkClosed(f"wal3 sink for {self.uri} is closed")
+        self._reap()
+        self._outstanding.append(self._writer.submit(body))
+        self.records += 1
+
+    def _reap(self) -> None:
+        """Drop finished futures from the front; raise the first failure."""
+        while self._outstanding and self._outstanding[0].done():
+            exc = self._outstanding.popleft().exception()
+            if exc is not None:
+                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+
+    def flush(self) -> None:
+        """Return once every record written so far is durable, or raise its error."""
+        if self._closed:
+            return
+        self._writer.flush()
+        while self._outstanding:
+            exc = self._outstanding.popleft().exception()
+            if exc is not None:
+                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+
+    def close(self) -> None:
+        """Flush, then close the writer; a second call does nothing."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._writer.close()
+
+
+def open_log_sink(uri: str, *, endpoint_url: str | None = None, **kwargs: Any) -> Wal3Sink:
+    """A ``Wal3Sink`` for ``file:///dir``, ``s3://bucket/prefix`` or ``memory://name``."""
+    return Wal3Sink(uri, endpoint_url=endpoint_url, **kwargs)
+
+
+def read_log(
+    store_or_uri: ObjectStore | str, cursor: str | None = None, *, prefix: str = "",
+    endpoint_url: str | None = None, from_offset: int | None = None,
+) -> Iterator[EventBatch | EpochRecord]:
+    """Decode the log's records in order, up to its end as of the call.
+
+    With ``cursor``, start where the named cursor points (the log's start if it does
+    not exist yet) and move it (compare-and-swap) past each fragment once the caller
+    asks for the record after it, and at the end: a consumer that stops and resumes
+    sees every record at least once, and a record it already fully handled again at
+    most up to one fragment back (the assembler drops duplicated events).
+    """
+    store = as_store(store_or_uri, endpoint_url=endpoint_url)
+    reader = LogReader(store, prefix)
+    manifest = reader.manifest()
+    cursors = CursorStore(store, prefix, writer="cdc-agent read_log") if cursor else None
+    witness = None
+    start = from_offset
+    if cursors is not None and cursor is not None:
+        witness = cursors.load(cursor)
+        if witness is None:
+            witness = cursors.init(cursor, from_offset or manifest.oldest_offset)
+        start = witness.cursor.position if from_offset is None else from_offset
+    begin = start or manifest.oldest_offset
+    for fragment in reader.scan(begin, manifest=manifest):
+        for record in reader.fetch(fragment):
+            if record.offset >= begin:
+                yield decode(record.body)
+        if cursors is not None and cursor is not None and witness is not None:
+            witness = cursors.save(cursor, fragment.limit, witness)
