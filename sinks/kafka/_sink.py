@@ -313,11 +313,19 @@ class KafkaSink:
             )
 
     def close(self) -> None:
-        """Flush, then release the producer. A second call does nothing."""
+        """Flush, then release the producer. A second call does nothing.
+
+        If the flush fails, the messages still queued are purged (nothing will send them
+        after close) and the flush's error is raised.
+        """
         if self._closed:
             return
         try:
             self.flush()
+        except BaseException:
+            self._producer.purge()
+            self._producer.poll(0)
+            raise
         finally:
             self._closed = True
 
