@@ -127,13 +127,18 @@ def run_raw(broker: Any, items: list[EventBatch | EpochRecord], topic: str,
 
 
 def run_consumer(bootstrap: str, topic: str, group: str) -> tuple[float, int]:
-    from replay.kafka import consume_consistent
+    """Timed from the first poll (start-up, metadata and group look-ups excluded)."""
+    from replay.kafka import KafkaConsistentConsumer
 
-    started = time.perf_counter()
-    events = 0
-    for changeset in consume_consistent(bootstrap, topic, group_id=group, until_end=True):
-        events += changeset.event_count
-    return time.perf_counter() - started, events
+    with KafkaConsistentConsumer(bootstrap, topic, group_id=group) as consumer:
+        end = consumer.end_offsets()
+        started = time.perf_counter()
+        events = 0
+        while not consumer.reached(end):
+            for changeset in consumer.poll(0.5):
+                events += changeset.event_count
+            consumer.commit()
+        return time.perf_counter() - started, events
 
 
 def run_raw_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[float, int]:

@@ -157,6 +157,7 @@ class KafkaLog:
         # per domain, the first offsets of epochs fed to the assembler but not yet part
         # of a changeset handed out
         self._fed_unsettled: dict[int, list[dict[int, int]]] = {}
+        self._first: dict[int, tuple[int, int]] = {}  # domain -> its first epoch's key
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets.
@@ -273,6 +274,8 @@ class KafkaLog:
         epoch = self._epochs.get((domain, seq))
         if epoch is None:
             epoch = self._epochs[(domain, seq)] = _Epoch(whole)
+            if whole.begin_id == 0:  # the domain's first epoch: where feeding starts
+                self._first.setdefault(domain, (domain, seq))
         elif epoch.whole != whole:
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
@@ -308,8 +311,7 @@ class KafkaLog:
             out.extend(changesets)
 
     def _first_epoch(self, domain: int) -> tuple[int, int] | None:
-        firsts = [k for k, e in self._epochs.items() if k[0] == domain and e.whole.begin_id == 0]
-        return min(firsts) if firsts else None
+        return self._first.get(domain)
 
     def _settle(self, domain: int, end_id: int) -> None:
         """A changeset of ``domain`` was handed out: every epoch fed so far is applied."""
