@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print("cdc-agent demo: --threads and --batches must be at least 1", file=sys.stderr)
         return 2
     if args.postgres:
-        from agent._demo_postgres import run_postgres_demo  # type: ignore[import-not-found]
+        from agent._demo_postgres import run_postgres_demo
 
         status: int = run_postgres_demo(args.postgres, threads=args.threads,
                                         batches=args.batches, seed=args.seed)
