@@ -428,3 +428,18 @@ def test_cli_tail_kafka_bad_broker() -> None:
         capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 1
     assert "no Kafka broker" in run.stderr
+
+
+def test_example_configuration_opens_a_kafka_sink(kafka_bootstrap: str) -> None:
+    """config/kafka.toml's [sink] keys are KafkaSink's options (address and topic swapped
+    for the test broker's)."""
+    from pathlib import Path
+
+    from agent._config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[3] / "config" / "kafka.toml")
+    config.sink.update(bootstrap=kafka_bootstrap, topic="from-config")
+    sink = config.open_sink()
+    assert isinstance(sink, KafkaSink) and sink.partitions == 6
+    sink.close()
+    assert config.consumer["group_id"] == "shop-replica"
