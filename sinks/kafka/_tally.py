@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from sequencer import EpochRecord
 from sinks._setsum import Setsum
-from sinks.codec import segment_digests
+from sinks.kafka._digests import partition_segment_digests
 
 __all__ = ["BatchTotal", "PartitionTally", "partition_records"]
 
@@ -84,11 +84,8 @@ class PartitionTally:
             share = self._share(dom, bat, part)
             share.count += count
             share.tables[table] += count
-        present = np.unique(parts)
-        for part in present.tolist():
-            sub = data if len(present) == 1 else data.take(pa.array(np.flatnonzero(parts == part)))
-            for dom, bat, digest in segment_digests(sub):
-                self._share(dom, bat, part).digests.append(digest)
+        for part, dom, bat, digest in partition_segment_digests(data, parts):
+            self._share(dom, bat, part).digests.append(digest)
 
     def _share(self, domain_id: int, batch_id: int, part: int) -> _Share:
         shares = self._open.get((domain_id, batch_id))

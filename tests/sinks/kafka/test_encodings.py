@@ -7,7 +7,7 @@ import math
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sequencer import ABSENT, ChangeEvent
@@ -40,6 +40,7 @@ def same(a: object, b: object) -> bool:
     return encode_value(a) == encode_value(b)  # type: ignore[arg-type]
 
 
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
 @given(st.lists(events, min_size=1, max_size=30))
 def test_native_messages_round_trip(batch: list[ChangeEvent]) -> None:
     """encode_event_messages then decode_event gives back every event, bit for bit."""
@@ -55,6 +56,7 @@ def test_native_messages_round_trip(batch: list[ChangeEvent]) -> None:
         assert key == cell_key(event.table, encode_key(event.row), event.column)
 
 
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
 @given(st.lists(events, min_size=1, max_size=30), st.integers(1, 64))
 def test_a_cells_partition_does_not_depend_on_the_rest(batch: list[ChangeEvent], n: int) -> None:
     """The partition of an event is a function of its cell alone."""
@@ -87,6 +89,7 @@ def test_native_decode_refuses_truncation() -> None:
         decode_event(value[:40])
 
 
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
 @given(values)
 def test_json_values_round_trip_bit_for_bit(value: object) -> None:
     """Through json text and back: the same value, every bit (NaN payloads, -0.0, int64)."""
@@ -106,6 +109,7 @@ def test_json_value_mapping_is_the_documented_one(value: object, json_text: str)
     assert encoded == json_text
 
 
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
 @given(events)
 def test_debezium_envelopes_round_trip(event: ChangeEvent) -> None:
     """decode_event(encode_event(e)) == e bit for bit, with Debezium's fields and types."""
@@ -141,3 +145,29 @@ def test_transaction_records_shape() -> None:
         "data_collections": [{"data_collection": "a", "event_count": 2},
                              {"data_collection": "b", "event_count": 1}],
     }
+
+
+@settings(deadline=None)  # a shared, loaded machine: no per-example deadline
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 3), cell_values, cell_values),
+                min_size=1, max_size=40), st.integers(1, 5))
+def test_partition_digests_match_the_codec(writes: list, partitions: int) -> None:
+    """One-pass per-partition digests == codec.segment_digests on each partition's share."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sinks.codec import segment_digests
+    from sinks.kafka._digests import partition_segment_digests
+
+    events = []
+    seqs: dict[int, int] = {}
+    for batch, row, old, new in sorted(writes, key=lambda w: w[0]):
+        seq = seqs.get(batch, 0)
+        seqs[batch] = seq + (1 << 16 if row == 3 else 1)  # some batches span segments
+        events.append(ChangeEvent(7, batch << 8, seq, "t", row, "c", old, new))
+    data = EventBatch.from_events(events).data
+    parts = partitions_of(event_keys(data), partitions)
+    expected = sorted(
+        (part, dom, bat, digest) for part in range(partitions)
+        for dom, bat, digest in segment_digests(data.take(pa.array(np.flatnonzero(parts == part))))
+        if (parts == part).any())
+    assert sorted(partition_segment_digests(data, parts)) == expected
