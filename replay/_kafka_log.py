@@ -34,7 +34,7 @@ from replay._errors import InconsistentLog
 from replay._position import Frontier
 from sequencer import EpochRecord, id_lt
 from sinks._setsum import Setsum
-from sinks.codec import CodecError, decode, encode_key, encode_value, segment_digests
+from sinks.codec import CodecError, EventBatch, decode, encode_key, encode_value, segment_digests
 from sinks.kafka import _debezium
 from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
 from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_batch
@@ -128,7 +128,7 @@ class _Epoch:
     """One epoch of one domain, as the partitions vouch for it."""
 
     whole: EpochRecord
-    events: list[RawEvent] = field(default_factory=list)
+    batches: list[EventBatch] = field(default_factory=list)  # one per partition with events
     marker_offsets: dict[int, int] = field(default_factory=dict)
     # per partition, the smallest offset of this epoch's messages (events or marker)
     first_offsets: dict[int, int] = field(default_factory=dict)
@@ -267,7 +267,7 @@ class KafkaLog:
                 f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
                 "epoch markers (and their events) are missing", domain_id=domain,
                 epoch_seq=expected)
-        _check_partition(partition, part, covered)
+        checked = _check_partition(partition, part, covered)
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
@@ -279,7 +279,8 @@ class KafkaLog:
         elif epoch.whole != whole:
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
-        epoch.events.extend(covered)
+        if checked is not None:
+            epoch.batches.append(checked)
         epoch.counted += part.event_count
         epoch.marker_offsets[partition] = offset
         epoch.first_offsets[partition] = offset if first_offset is None else first_offset
@@ -300,8 +301,8 @@ class KafkaLog:
                     f"the partitions hold {epoch.counted} events of this epoch, its record "
                     f"says {whole.event_count}", domain_id=domain, epoch_seq=whole.epoch_seq)
             self._fed[domain] = whole.epoch_seq
-            if epoch.events:
-                self.assembler.feed(raw_events_batch(epoch.events))
+            for batch in epoch.batches:
+                self.assembler.feed(batch)
             changesets = self.assembler.feed(whole)
             self._fed_unsettled.setdefault(domain, []).append(epoch.first_offsets)
             if changesets:
@@ -365,8 +366,10 @@ def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None
     return part, whole
 
 
-def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]) -> None:
-    """The partition's events of an epoch against the partition's marker (step 2)."""
+def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
+                     ) -> EventBatch | None:
+    """The partition's events of an epoch against the partition's marker (step 2); returns
+    them as one batch in (batch, seq) order (None if there are none)."""
     where = {"domain_id": part.domain_id, "epoch_seq": part.epoch_seq}
     if len(events) != part.event_count:
         raise InconsistentLog(
@@ -380,12 +383,14 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]) 
             f"partition {partition}: per-table counts {dict(tables)} differ from the "
             f"marker's {dict(part.table_counts)}", **where)
     if not events:
-        return
+        return None
     events.sort(key=lambda e: (e.batch_id, e.seq))
-    digests = [digest for _d, _b, digest in segment_digests(raw_events_batch(events).data)]
+    batch = raw_events_batch(events)
+    digests = [digest for _d, _b, digest in segment_digests(batch.data)]
     actual = Setsum().insert_digests(b"".join(digests))
     if (actual.hexdigest() if actual else "") != part.setsum:
         raise InconsistentLog(
             f"partition {partition}: setsum of its events of this epoch is "
             f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
             "altered or lost)", **where)
+    return batch
