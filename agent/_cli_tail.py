@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
                        help="how the topic is encoded (default native)")
     kafka.add_argument("--position", default=None, metavar="TOKEN",
                        help="resume after this position token (default: the group's)")
+    kafka.add_argument("--commit-every", type=int, default=100, metavar="N",
+                       help="commit offsets after every N changesets printed (and whenever "
+                            "waiting for more; default 100)")
     kafka.add_argument("--until-end", action="store_true",
                        help="stop once the topic is read up to where it ended at start")
     kafka.add_argument("--startup-timeout", type=float, default=15.0, metavar="SECONDS",
@@ -59,7 +62,7 @@ def run_kafka(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for changeset in consume_consistent(
                 args.bootstrap, args.topic, group_id=args.group, position=args.position,
                 encoding=args.encoding, until_end=args.until_end,
-                startup_timeout=args.startup_timeout):
+                commit_every=args.commit_every, startup_timeout=args.startup_timeout):
             out.write(json.dumps(changeset_json(changeset), ensure_ascii=False) + "\n")
             out.flush()
     except (InconsistentLog, SinkError, ValueError) as exc:
