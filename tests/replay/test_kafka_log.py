@@ -32,7 +32,7 @@ def test_every_quiescent_state_is_the_stores(run: Run, encoding: str, partitions
         apply(state, changeset)
         assert bits(state) == run.at_quiescence[(changeset.domain_id, changeset.epoch_seq)]
         seen.append(changeset.epoch_seq)
-    assert len(seen) == len(run.at_quiescence) > 20
+    assert len(seen) == len(run.at_quiescence) > 0  # how many depends on the scheduler
     assert seen == sorted(seen)
     assert bits(state) == run.final
     assert log.duplicates == 0
@@ -108,7 +108,12 @@ def test_restart_from_commit_offsets_and_position(run: Run) -> None:
     feeder = Feeder(topic, rng)
     state: dict = {}
     epochs = []
-    for changeset in feeder.feed(log, limit=sum(map(len, topic)) // 2):
+    total = sum(map(len, topic))
+    while not epochs and sum(feeder.next) < total:  # past a first changeset, then anywhere
+        for changeset in feeder.feed(log, limit=20):
+            apply(state, changeset)
+            epochs.append(changeset.epoch_seq)
+    for changeset in feeder.feed(log, limit=rng.randrange(max(1, total - sum(feeder.next)))):
         apply(state, changeset)
         epochs.append(changeset.epoch_seq)
     assert epochs
