@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -189,7 +190,8 @@ class KafkaConsistentConsumer:
         if hidden:
             points = self.log.commit_points
             gone = {id(c) for c in hidden}
-            self.log.commit_points = type(points)(p for p in points if id(p[0]) not in gone)
+            self.log.commit_points = deque((p for p in points if id(p[0]) not in gone),
+                                           maxlen=points.maxlen)
         return [c for c in changesets if all(c is not h for h in hidden)]
 
     def commit(self, through: Changeset | None = None) -> bool:
@@ -204,6 +206,8 @@ class KafkaConsistentConsumer:
         """
         # Step 1.
         points = self.log.commit_points
+        if through is not None and all(changeset is not through for changeset, _ in points):
+            return False  # unknown, or older than the points kept: committing could skip
         point = None
         while points:
             changeset, point = points.popleft()

@@ -45,6 +45,7 @@ _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
 
 
 _RING: Final = 1 << 64
+_MAX_POINTS: Final = 100_000
 
 
 class _PendingBatches:
@@ -160,8 +161,9 @@ class KafkaLog:
         self._first: dict[int, tuple[int, int]] = {}  # domain -> its first epoch's key
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
-        # a consumer pops them as the application takes the changesets.
-        self.commit_points: deque[tuple[Changeset, CommitPoint]] = deque()
+        # a consumer pops them as the application takes the changesets. Bounded: a
+        # consumer that never commits keeps only the latest.
+        self.commit_points: deque[tuple[Changeset, CommitPoint]] = deque(maxlen=_MAX_POINTS)
         for position in self.assembler.position:
             self._fed[position.domain_id] = position.epoch_seq
             self._applied_end[position.domain_id] = position.end_id
