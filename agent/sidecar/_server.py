@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Sidecar(_Capture):
         self._stop_event: asyncio.Event | None = None
         self._batch_closed: asyncio.Event | None = None
         self._next_connection = 0
+        self.stopping = threading.Event()  # set once shutdown refuses new batches
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -112,11 +114,13 @@ class Sidecar(_Capture):
                     loop.remove_signal_handler(sig)
             # Step 1.
             server.close()
+            await asyncio.sleep(0)  # connections accepted just now: let their tasks start
             # Step 2.
             with self._cond:
                 self._closing = True
                 self._cond.notify_all()
                 self._wake_async_waiters()
+            self.stopping.set()
             try:
                 # Step 3.
                 await self._wait_for_batches(self.grace_period)
