@@ -55,14 +55,16 @@ class _Connection:
 class Sidecar(_Capture):
     """The capture core (sequencer, shipping) serving clients on a Unix socket.
 
-    ``Sidecar(sink, on_quiescence=..., grace_period=5.0, **agent_options)`` takes the
-    options of ``Agent`` (no store). ``await sidecar.serve(path)`` serves until
+    ``Sidecar(sink, on_quiescence=..., grace_period=5.0, max_line=16 MiB,
+    **agent_options)`` takes the options of ``Agent`` (no store). ``await sidecar.serve(path)`` serves until
     ``stop()`` (thread-safe) or, with ``handle_signals=True``, SIGTERM or SIGINT.
     """
 
-    def __init__(self, sink: Sink, *, grace_period: float = 5.0, **options: object) -> None:
+    def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
+                 **options: object) -> None:
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self.grace_period = grace_period
+        self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,7 +99,7 @@ class Sidecar(_Capture):
         self._batch_closed = asyncio.Event()
         _remove_stale_socket(path)
         server = await asyncio.start_unix_server(self._on_connection, path=str(path),
-                                                 limit=MAX_LINE)
+                                                 limit=self.max_line)
         inode = path.stat().st_ino
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -193,7 +195,8 @@ class Sidecar(_Capture):
                 line = exc.partial  # a last request without its newline
             except asyncio.LimitOverrunError:
                 writer.write(p.encode_error(None, p.LINE_TOO_LONG,
-                                            f"a request line is limited to {MAX_LINE} bytes; "
+                                            f"a request line is limited to {self.max_line} "
+                                            "bytes; "
                                             "the connection closes (its open batches too)"))
                 await writer.drain()
                 return

@@ -252,3 +252,49 @@ def test_a_live_socket_is_not_taken_over_but_a_stale_one_is(folder: Path) -> Non
         client.set("t", 1, "a", 1)
     again.stop()
     assert again.check_against_store() == 1
+
+
+def test_an_overlong_line_ends_only_its_connection(folder: Path) -> None:
+    """A line over the limit gets line_too_long and its connection (and its batches) close;
+    other connections are untouched."""
+    served = Served(folder / "s", max_line=4096)
+    raw, other = Raw(folder / "s"), Raw(folder / "s")
+    batch = raw.open()
+    kept = other.open()
+    raw.call({"op": "events", "batch": batch, "events": [["t", 1, "a", {"absent": True}, 1]]})
+    served.store.exchange("t", 1, "a", 1)
+    reply = raw.call(b'{"op": "ping", "pad": "' + b"x" * 8000 + b'"}\n')
+    assert reply["error"] == "line_too_long" and "4096" in reply["message"]
+    assert raw.file.readline() == b""  # the sidecar closed this connection
+    assert other.call({"op": "close", "batch": kept})["ok"]
+    raw.close()
+    other.close()
+    served.stop()
+    assert served.check_against_store() >= 1
+
+
+def test_every_value_reaches_the_log_bit_for_bit(folder: Path) -> None:
+    """Hypothesis: whatever values a client writes, the log replays them bit for bit."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tests.agent.test_sidecar_protocol import VALUES
+
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+    counter = iter(range(1 << 30))
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(VALUES, min_size=1, max_size=6))
+    def write(values: list[Any]) -> None:
+        row = next(counter)
+        with client.batch():
+            for i, value in enumerate(values):
+                client.set("v", row, f"c{i % 3}", value)
+
+    try:
+        write()
+    finally:
+        client.close()
+        served.stop()
+    assert served.check_against_store() >= 60
