@@ -69,13 +69,20 @@ _MAPPED: dict[str, Callable[[str], Exception]] = {
 }
 
 
+_MAX_UNREAD = 512  # pipelined replies left unread at most (they are ~30 bytes each)
+
+
 class _Connection:
-    """One socket to the sidecar; requests and replies in turn, under a lock."""
+    """One socket to the sidecar, under a lock. ``call`` waits for its reply; ``post``
+    pipelines a request whose reply is read later (its error, if any, is raised by the
+    next ``call``)."""
 
     def __init__(self, path: str, client: str, timeout: float | None) -> None:
         self.path = path
         self.broken = False
         self._lock = threading.Lock()
+        self._unread = 0
+        self._deferred: dict[str, Any] | None = None  # the first failed pipelined reply
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
@@ -92,30 +99,67 @@ class _Connection:
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return its (successful) reply."""
         with self._lock:
-            if self.broken:
-                raise SidecarUnavailable(f"the connection to {self.path} broke earlier")
-            try:
-                self._sock.sendall(p.encode_request(op, **fields))
-                line = self._file.readline()
-            except OSError as exc:
-                self.broken = True
-                raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "
-                                         f"failed during {op}: {exc}") from exc
-            if not line.endswith(b"\n"):
-                self.broken = True
-                raise SidecarUnavailable(f"the sidecar at {self.path} closed the connection "
-                                         f"during {op}")
-        reply = p.decode_reply(line)
+            self._send(op, fields)
+            self._read_unread(op)
+            reply = self._read(op)
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise _error(deferred, "a pipelined request failed earlier: ")
         if not reply["ok"]:
-            code, message = str(reply.get("error")), str(reply.get("message"))
-            mapped = _MAPPED.get(code)
-            raise SidecarError(code, message) if mapped is None else mapped(message)
+            raise _error(reply)
         return reply
+
+    def post(self, op: str, **fields: Any) -> None:
+        """Send one request without waiting for its reply.
+
+        Once sent, the request reaches the sidecar even if this process dies next.
+        """
+        with self._lock:
+            self._send(op, fields)
+            self._unread += 1
+            if self._unread >= _MAX_UNREAD:  # keep the sidecar's replies flowing
+                self._read_unread(op)
+
+    def _send(self, op: str, fields: dict[str, Any]) -> None:
+        if self.broken:
+            raise SidecarUnavailable(f"the connection to {self.path} broke earlier")
+        try:
+            self._sock.sendall(p.encode_request(op, **fields))
+        except OSError as exc:
+            self.broken = True
+            raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "
+                                     f"failed during {op}: {exc}") from exc
+
+    def _read_unread(self, op: str) -> None:
+        while self._unread:
+            reply = self._read(op)
+            self._unread -= 1
+            if not reply["ok"] and self._deferred is None:
+                self._deferred = reply
+
+    def _read(self, op: str) -> dict[str, Any]:
+        try:
+            line = self._file.readline()
+        except OSError as exc:
+            self.broken = True
+            raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "
+                                     f"failed during {op}: {exc}") from exc
+        if not line.endswith(b"\n"):
+            self.broken = True
+            raise SidecarUnavailable(f"the sidecar at {self.path} closed the connection "
+                                     f"during {op}")
+        return p.decode_reply(line)
 
     def close(self) -> None:
         self.broken = True
         self._file.close()
         self._sock.close()
+
+
+def _error(reply: dict[str, Any], prefix: str = "") -> Exception:
+    code, message = str(reply.get("error")), prefix + str(reply.get("message"))
+    mapped = _MAPPED.get(code)
+    return SidecarError(code, message) if mapped is None else mapped(message)
 
 
 class _ClientBatch:
@@ -163,8 +207,10 @@ class SidecarClient:
     """The ``Agent`` API, capturing through a sidecar: ``SidecarClient(path, store)``.
 
     Thread-safe. ``set``, ``delete``, ``clear_row``, ``update``, ``conditional_set`` and
-    ``get`` behave as ``Agent``'s; the store is written here, the events are reported
-    to the sidecar at the end of each call (before it returns).
+    ``get`` behave as ``Agent``'s; the store is written here, the events are sent to
+    the sidecar at the end of each call, before it returns. Inside a batch they are
+    pipelined (not waited for): the sidecar's refusal, unlikely since every value is
+    checked here first, is raised by the batch's close.
     """
 
     def __init__(self, socket_path: str, store: RelaxedStore, *,
@@ -234,8 +280,8 @@ class SidecarClient:
         try:
             return work(events)
         finally:
-            if events:
-                batch.connection.call("events", batch=batch.name,
+            if events:  # pipelined: a refusal surfaces at the batch's close at the latest
+                batch.connection.post("events", batch=batch.name,
                                       events=[p.encode_event(e) for e in events])
 
     def flush(self) -> None:

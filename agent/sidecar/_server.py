@@ -56,8 +56,9 @@ class Sidecar(_Capture):
     """The capture core (sequencer, shipping) serving clients on a Unix socket.
 
     ``Sidecar(sink, on_quiescence=..., grace_period=5.0, max_line=16 MiB,
-    **agent_options)`` takes the options of ``Agent`` (no store). ``await sidecar.serve(path)`` serves until
-    ``stop()`` (thread-safe) or, with ``handle_signals=True``, SIGTERM or SIGINT.
+    **agent_options)`` takes the options of ``Agent`` (no store).
+    ``await sidecar.serve(path)`` serves until ``stop()`` (thread-safe) or, with
+    ``handle_signals=True``, SIGTERM or SIGINT.
     """
 
     def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,

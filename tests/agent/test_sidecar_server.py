@@ -298,3 +298,55 @@ def test_every_value_reaches_the_log_bit_for_bit(folder: Path) -> None:
         client.close()
         served.stop()
     assert served.check_against_store() >= 60
+
+
+def test_the_documented_session_is_what_the_sidecar_says(folder: Path) -> None:
+    """docs/sidecar.md's example session, replayed against a sidecar, gets exactly the
+    documented replies (the domain and batch ids aside)."""
+    import json
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sidecar.md").read_text()
+    session = doc.split("### An example session", 1)[1].split("```", 2)[1]
+    lines = [line for line in session.splitlines() if line[:2] in ("> ", "< ")]
+    assert len(lines) == 14
+    served = Served(folder / "s")
+    raw = Raw(folder / "s", hello=False)
+    documented_batch = real_batch = ""
+    try:
+        for request, expected in zip(lines[::2], lines[1::2], strict=True):
+            assert request.startswith("> ") and expected.startswith("< ")
+            reply = raw.call(request[2:].replace(documented_batch or "\0", real_batch)
+                             .encode() + b"\n")
+            want = json.loads(expected[2:])
+            if "domain_id" in want:
+                assert re.fullmatch(r"[0-9a-f]{16}", reply["domain_id"])
+                want["domain_id"] = reply["domain_id"]
+            if "batch" in want:
+                documented_batch, real_batch = want["batch"], reply["batch"]
+                want["batch"] = real_batch
+            assert reply == want
+    finally:
+        raw.close()
+        served.stop()
+    assert len(served.sink.events) == 3
+
+
+def test_pipelined_reports_keep_order_and_surface_refusals(folder: Path) -> None:
+    """Writes in a batch are pipelined (more than the unread-reply bound here) and all
+    reach the log; a refused pipelined request is raised by the next waited-for call."""
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+    with client.batch():
+        for i in range(1500):
+            client.set("t", i % 7, "a", i)
+    connection = client._connection()
+    connection.post("events", batch="0000000000000001", events=[])
+    with pytest.raises(SidecarError, match="pipelined request failed earlier") as info:
+        client.ping()
+    assert info.value.code == "unknown_batch"
+    client.ping()  # reported once; the connection goes on
+    client.close()
+    served.stop()
+    assert len(served.sink.events) == 1500
+    assert served.check_against_store() == 1
