@@ -55,6 +55,10 @@ def _threaded(threads: int, work: Callable[[int], int]) -> int:
     return sum(counts)
 
 
+def _runner(threads: int, work: Callable[[int], int]) -> Callable[[], int]:
+    return lambda: _threaded(threads, work)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=400, help="batches per thread")
@@ -79,10 +83,10 @@ def main(argv: list[str] | None = None) -> None:
         for threads in (1, 4):
             rates = {}
             for name, api in (("agent", agent), ("sidecar", client)):
-                rates[name, "batches"] = best_of(args.runs, lambda api=api: _threaded(
-                    threads, lambda n: _batches(api, args.batches, args.events, n)))
-                rates[name, "singles"] = best_of(args.runs, lambda api=api: _threaded(
-                    threads, lambda n: _singles(api, args.batches, n)))
+                rates[name, "batches"] = best_of(args.runs, _runner(
+                    threads, lambda n, api=api: _batches(api, args.batches, args.events, n)))
+                rates[name, "singles"] = best_of(args.runs, _runner(
+                    threads, lambda n, api=api: _singles(api, args.batches, n)))
             for shape in ("batches", "singles"):
                 label = (f"{threads} thread(s), {args.events}-set batches" if shape == "batches"
                          else f"{threads} thread(s), unscoped single sets")

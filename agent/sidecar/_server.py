@@ -222,6 +222,9 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
         except ShippingFailed as exc:
             return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
+        except Exception as exc:  # a sidecar bug: answer it, keep the connection
+            log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
 
     async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
         if type(request) is p.Hello:
@@ -277,8 +280,8 @@ class Sidecar(_Capture):
         for name, batch in batches.items():
             try:
                 self._close_batch(batch)
-            except ShippingFailed as exc:  # the log is broken from here on anyway
-                log.error("cdc.sidecar_close_failed", batch=name, error=repr(exc))
+            except Exception:  # shipping failed, or an on_quiescence hook: logged, go on
+                log.exception("cdc.sidecar_close_failed", batch=name)
 
 
 def _remove_stale_socket(path: Path) -> None:

@@ -129,3 +129,18 @@ def test_cli_serves_and_shuts_down_on_sigterm(folder: Path) -> None:
     assert not socket_path.exists()
     snapshots = list(Assembler().replay(read_log(log_uri)))
     assert bits(snapshots[-1].state) == bits(store.snapshot())
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--config", "/nonexistent/cdc.toml"], "cannot read configuration"),
+    (["--log", "ftp://host/log"], "unsupported --log URI"),
+    (["--grace", "-1"], "--grace"),
+])
+def test_cli_refuses_bad_options_clearly(folder: Path, extra: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad configuration, log URI or grace period exits with status 2 and says why."""
+    from agent.cli import main
+
+    assert main(["sidecar", "--socket", str(folder / "s"), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (folder / "s").exists()

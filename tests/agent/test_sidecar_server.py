@@ -350,3 +350,35 @@ def test_pipelined_reports_keep_order_and_surface_refusals(folder: Path) -> None
     served.stop()
     assert len(served.sink.events) == 1500
     assert served.check_against_store() == 1
+
+
+def test_an_unexpected_failure_is_answered_and_the_connection_goes_on(folder: Path) -> None:
+    """An exception inside the sidecar (here: the quiescence hook) becomes an ``internal``
+    error reply, logged; the batch is closed all the same and the connection works."""
+    served = Served(folder / "s")
+    hook = served.sidecar._on_quiescence
+    failures = [RuntimeError("hook exploded")]
+
+    def flaky(marker: Any) -> None:
+        assert hook is not None
+        hook(marker)
+        if failures:
+            raise failures.pop()
+
+    served.sidecar._on_quiescence = flaky
+    raw = Raw(folder / "s")
+    batch = raw.open()
+    raw.call({"op": "events", "batch": batch, "events": [["t", 1, "a", {"absent": True}, 1]]})
+    served.store.exchange("t", 1, "a", 1)
+    with structlog.testing.capture_logs() as logs:
+        reply = raw.call({"op": "close", "batch": batch, "id": 9})
+    assert reply["error"] == "internal" and "hook exploded" in reply["message"]
+    assert reply["id"] == 9
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+        "cdc.sidecar_internal_error"]
+    assert raw.call({"op": "close", "batch": batch})["error"] == "unknown_batch"
+    second = raw.open()
+    assert raw.call({"op": "close", "batch": second})["ok"]
+    raw.close()
+    served.stop()
+    assert served.check_against_store() == 2
