@@ -56,6 +56,8 @@ def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent._agent import QuiescenceTimeout
+    from agent._shipper import ShippingFailed
     from agent.sidecar import Sidecar, SidecarAddressInUse
 
     configure_logging(args.verbose)
@@ -86,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         sidecar.close()
         print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
         return 2
+    except (ShippingFailed, QuiescenceTimeout, TimeoutError) as exc:
+        print(f"cdc-agent sidecar: the log is incomplete: {exc}", file=sys.stderr)
+        return 1
     print(f"cdc-agent sidecar: stopped after {sidecar.stats['batches']} batches, "
           f"{sidecar.stats['events']} events", file=sys.stderr)
     return 0

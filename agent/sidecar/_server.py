@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -135,7 +136,16 @@ class Sidecar(_Capture):
                 if self._handlers:
                     await asyncio.wait(set(self._handlers), timeout=self.grace_period + 5)
                 # Step 5.
-                await loop.run_in_executor(None, self.close)
+                try:
+                    await loop.run_in_executor(
+                        None, functools.partial(self.close, self.grace_period + 60))
+                except BaseException:
+                    # Shipping failed, or a batch could not close: the log is incomplete.
+                    # Release the sink anyway; the caller sees the error.
+                    self._shipper.stop(5.0)
+                    with contextlib.suppress(Exception):
+                        self._sink.close()
+                    raise
             finally:
                 # Step 6.
                 with contextlib.suppress(OSError):
@@ -273,15 +283,15 @@ class Sidecar(_Capture):
         if not connection.batches:
             return
         batches, connection.batches = connection.batches, {}
-        log.warning("cdc.sidecar_closed_orphaned_batches", reason=reason,
-                    connection=connection.number, client=connection.client,
-                    batches=sorted(batches),
-                    events=sum(b.seq_start + len(b.events) for b in batches.values()))
-        for name, batch in batches.items():
+        events = sum(b.seq_start + len(b.events) for b in batches.values())
+        for name, batch in batches.items():  # first close them, then say so
             try:
                 self._close_batch(batch)
             except Exception:  # shipping failed, or an on_quiescence hook: logged, go on
                 log.exception("cdc.sidecar_close_failed", batch=name)
+        log.warning("cdc.sidecar_closed_orphaned_batches", reason=reason,
+                    connection=connection.number, client=connection.client,
+                    batches=sorted(batches), events=events)
 
 
 def _remove_stale_socket(path: Path) -> None:

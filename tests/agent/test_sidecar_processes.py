@@ -109,10 +109,12 @@ def test_cli_serves_and_shuts_down_on_sigterm(folder: Path) -> None:
                 client.update("t", [1, 2], {"a": 1.5, "b": b"\x00"})
                 client.delete("t", 2, "b")
             client.set("t", 3, "a", None)
-            # A second sidecar on the same socket refuses to start.
+            # A second sidecar (configured by a file) on the same socket refuses to start.
+            config = folder / "agent.toml"
+            config.write_text("[agent]\nmax_queue = 8\n[sink]\nkind = \"memory\"\n")
             second = subprocess.run(
                 [sys.executable, "-m", "agent.cli", "sidecar", "--socket", str(socket_path),
-                 "--log", "memory://"], cwd=ROOT, capture_output=True, text=True,
+                 "--config", str(config)], cwd=ROOT, capture_output=True, text=True,
                 timeout=120)
             assert second.returncode == 2 and "already listens" in second.stderr
             client.ping()  # the first one still serves
@@ -139,8 +141,14 @@ def test_cli_serves_and_shuts_down_on_sigterm(folder: Path) -> None:
 def test_cli_refuses_bad_options_clearly(folder: Path, extra: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A bad configuration, log URI or grace period exits with status 2 and says why."""
+    import structlog
+
     from agent.cli import main
 
-    assert main(["sidecar", "--socket", str(folder / "s"), *extra]) == 2
+    saved = structlog.get_config()  # the command configures logging for the process
+    try:
+        assert main(["sidecar", "--socket", str(folder / "s"), *extra]) == 2
+    finally:
+        structlog.configure(**saved)
     assert message in capsys.readouterr().err
     assert not (folder / "s").exists()

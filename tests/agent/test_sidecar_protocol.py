@@ -121,3 +121,13 @@ def test_replies_are_one_json_line() -> None:
     line = p.encode_reply(1, batch="é\n")
     assert line.count(b"\n") == 1 and line.endswith(b"\n")
     assert p.decode_reply(line) == {"id": 1, "ok": True, "batch": "é\n"}
+
+
+def test_the_sidecar_package_exports_are_pinned() -> None:
+    """agent.sidecar's public names are deliberate (and sorted)."""
+    import agent.sidecar
+
+    assert agent.sidecar.__all__ == [
+        "PROTOCOL_VERSION", "ProtocolError", "Sidecar", "SidecarAddressInUse",
+        "SidecarClient", "SidecarError", "SidecarUnavailable"]
+    assert agent.sidecar.PROTOCOL_VERSION == 1

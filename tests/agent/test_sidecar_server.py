@@ -184,6 +184,7 @@ def test_a_client_that_disconnects_mid_batch_has_its_batches_closed(folder: Path
     with structlog.testing.capture_logs() as logs:
         raw.close()
         assert served.quiesced.wait(30), "the orphaned batches were not closed"
+        Raw(folder / "s").close()  # a round trip: the sidecar finished with that client
     [warning] = [e for e in logs if e["event"] == "cdc.sidecar_closed_orphaned_batches"]
     assert warning["batches"] == sorted([first, second])
     assert warning["log_level"] == "warning" and warning["events"] == 2
