@@ -190,10 +190,12 @@ class Sidecar(_Capture):
         except (ConnectionError, BrokenPipeError):
             pass  # the client went away; its batches are closed below
         finally:
-            self._close_batches(connection, "the client disconnected")
-            del self._connections[connection]
-            writer.close()
-            self._handlers.discard(task)
+            try:
+                self._close_batches(connection, "the client disconnected")
+            finally:
+                del self._connections[connection]
+                writer.close()
+                self._handlers.discard(task)
 
     async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
