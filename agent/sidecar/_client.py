@@ -8,8 +8,9 @@ automatic one.
 
 Each thread talks over its own connection (the sidecar answers a connection's requests
 in order, and a batch waiting on forced quiescence must not hold up another thread's
-batch). A batch belongs to the connection that opened it; its writes go there even
-from another thread that copied the context.
+batch); connections of threads that ended are closed when a new thread connects. A
+batch belongs to the connection that opened it; its writes go there even from another
+thread that copied the context.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ class SidecarClient:
         self._client_name = client_name
         self._timeout = timeout
         self._local = threading.local()
-        self._all: list[_Connection] = []
+        self._all: list[tuple[threading.Thread, _Connection]] = []
         self._all_lock = threading.Lock()
         self._closed = False
         self._current: ContextVar[_ClientBatch | None] = ContextVar(
@@ -236,8 +237,15 @@ class SidecarClient:
                 raise AgentClosed("this SidecarClient is closed")
             connection = _Connection(self.socket_path, self._client_name, self._timeout)
             with self._all_lock:
-                self._all = [c for c in self._all if not c.broken]
-                self._all.append(connection)
+                live, ended = [], []
+                for owner, other in self._all:
+                    if other.broken:
+                        continue
+                    (live if owner.is_alive() else ended).append((owner, other))
+                live.append((threading.current_thread(), connection))
+                self._all = live
+            for _owner, other in ended:  # threads that ended: their batches ended too
+                other.close()
             self._local.connection = connection
         return connection
 
@@ -246,7 +254,7 @@ class SidecarClient:
         self._closed = True
         with self._all_lock:
             connections, self._all = self._all, []
-        for connection in connections:
+        for _owner, connection in connections:
             connection.close()
 
     def __enter__(self) -> SidecarClient:

@@ -383,3 +383,22 @@ def test_an_unexpected_failure_is_answered_and_the_connection_goes_on(folder: Pa
     raw.close()
     served.stop()
     assert served.check_against_store() == 2
+
+
+def test_connections_of_ended_threads_are_closed(folder: Path) -> None:
+    """Short-lived threads do not pile up connections: one that ended is closed when
+    another thread connects."""
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+
+    def write(row: int) -> None:
+        client.set("t", row, "a", row)
+
+    for row in range(5):
+        t = threading.Thread(target=write, args=(row,))
+        t.start()
+        t.join()
+    assert len(client._all) == 2  # the main thread's and the last thread's
+    client.close()
+    served.stop()
+    assert served.check_against_store() == 5
