@@ -237,7 +237,8 @@ class SidecarClient:
                 raise AgentClosed("this SidecarClient is closed")
             connection = _Connection(self.socket_path, self._client_name, self._timeout)
             with self._all_lock:
-                live, ended = [], []
+                live: list[tuple[threading.Thread, _Connection]] = []
+                ended: list[tuple[threading.Thread, _Connection]] = []
                 for owner, other in self._all:
                     if other.broken:
                         continue
