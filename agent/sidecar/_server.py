@@ -41,6 +41,22 @@ log = structlog.get_logger()
 MAX_LINE: Final = 16 << 20  # bytes per request line; longer ends the connection
 
 
+class _Reader(asyncio.StreamReader):
+    """A ``StreamReader`` that turns a connection reset into end of stream.
+
+    A client that dies with replies unread in its socket makes the kernel report
+    ECONNRESET to the sidecar; ``StreamReader`` would then raise at once and drop
+    the requests already received but not yet read. Those are real writes: read them
+    all, then see the end of the stream.
+    """
+
+    def set_exception(self, exc: Exception) -> None:
+        if isinstance(exc, ConnectionError):
+            self.feed_eof()
+        else:
+            super().set_exception(exc)
+
+
 class SidecarAddressInUse(OSError):
     """Another sidecar already listens on the socket path."""
 
@@ -100,8 +116,12 @@ class Sidecar(_Capture):
         self._stop_event = asyncio.Event()
         self._batch_closed = asyncio.Event()
         _remove_stale_socket(path)
-        server = await asyncio.start_unix_server(self._on_connection, path=str(path),
-                                                 limit=self.max_line)
+
+        def connection_protocol() -> asyncio.StreamReaderProtocol:
+            reader = _Reader(limit=self.max_line, loop=loop)
+            return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
+
+        server = await loop.create_unix_server(connection_protocol, path=str(path))
         inode = path.stat().st_ino
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -215,8 +235,14 @@ class Sidecar(_Capture):
                 return
             if not line.strip():
                 continue
-            writer.write(await self._answer(connection, line))
-            await writer.drain()
+            reply = await self._answer(connection, line)
+            if writer.is_closing():
+                continue  # the client is gone: still take in every request it sent
+            writer.write(reply)
+            try:
+                await writer.drain()
+            except ConnectionError:
+                continue  # idem
 
     async def _answer(self, connection: _Connection, line: bytes) -> bytes:
         """The reply line to one request line (errors become error replies)."""

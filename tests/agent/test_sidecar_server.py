@@ -402,3 +402,38 @@ def test_connections_of_ended_threads_are_closed(folder: Path) -> None:
     client.close()
     served.stop()
     assert served.check_against_store() == 5
+
+
+def test_requests_sent_just_before_a_crash_are_not_lost(folder: Path) -> None:
+    """A client dying with replies unread makes the kernel reset the connection; the
+    requests it sent before dying are still taken in, in order, before its batch closes."""
+    served = Served(folder / "s")
+    entered, release = threading.Event(), threading.Event()
+    answer = served.sidecar._answer
+
+    async def blocking(connection: Any, line: bytes) -> bytes:
+        if b'"block"' in line:  # hold the sidecar's loop while the client dies
+            entered.set()
+            release.wait(30)
+        return await answer(connection, line)
+
+    served.sidecar._answer = blocking  # type: ignore[method-assign]
+    victim, blocker = Raw(folder / "s"), Raw(folder / "s")
+    batch = victim.open()
+    victim.call({"op": "events", "batch": batch, "events": [["t", 0, "a", {"absent": True}, 0]]})
+    victim.send({"op": "ping"})
+    victim.sock.recv(1, socket.MSG_PEEK)  # its reply has arrived, and stays unread
+    blocker.send({"op": "ping", "id": "block"})
+    assert entered.wait(30)
+    for row in range(1, 6):  # pipelined, then the client dies
+        victim.send({"op": "events", "batch": batch,
+                     "events": [["t", row, "a", {"absent": True}, row]]})
+    victim.close()
+    served.quiesced.clear()
+    release.set()
+    assert served.quiesced.wait(30)
+    assert blocker.reply()["id"] == "block"
+    blocker.close()
+    served.stop()
+    [snap] = served.replay()
+    assert snap.state == {("t", row, "a"): row for row in range(6)}
