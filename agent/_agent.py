@@ -303,6 +303,31 @@ class _Capture:
             self._ship_segment(batch)
 
 
+def check_update(table: str, rows: Iterable[RowKey],
+                 values: Mapping[str, Value]) -> list[RowKey]:
+    """Checks of an ``update`` (all before the store is touched); returns the rows."""
+    check_name("table", table)
+    checked = [check_row(r) for r in rows]
+    for column, value in values.items():
+        check_name("column", column)
+        check_value(value)
+    return checked
+
+
+def check_conditional(
+    table: str,
+    changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
+) -> None:
+    """Checks of a ``conditional_set`` (all before the store is touched)."""
+    check_name("table", table)
+    for row, cells in changes.items():
+        check_row(row)
+        for column, (_expected, new) in cells.items():
+            check_name("column", column)
+            if new is not ABSENT:
+                check_value(new)
+
+
 class Agent(_Capture):
     """Captures every write to a relaxed store as change events in write batches.
 
@@ -363,11 +388,7 @@ class Agent(_Capture):
     def update(self, table: str, rows: Iterable[RowKey],
                values: Mapping[str, Value]) -> None:
         """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
-        check_name("table", table)
-        rows = [check_row(r) for r in rows]
-        for column, value in values.items():
-            check_name("column", column)
-            check_value(value)
+        rows = check_update(table, rows, values)
         with self.batch():
             batch = self._current.get()
             assert batch is not None
@@ -386,13 +407,7 @@ class Agent(_Capture):
         expected value, and earlier cells of that row stay written (the store fails
         partially, at row granularity at best). Only swaps that happened become events.
         """
-        check_name("table", table)
-        for row, cells in changes.items():
-            check_row(row)
-            for column, (_expected, new) in cells.items():
-                check_name("column", column)
-                if new is not ABSENT:
-                    check_value(new)
+        check_conditional(table, changes)
         results: dict[RowKey, bool] = {}
         with self.batch():
             batch = self._current.get()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
-from agent._agent import _Batch, _Capture
+from agent._agent import _Batch, _Capture, check_conditional, check_update
 from agent._store import AsyncRelaxedStore
-from sequencer import ABSENT, Absent, RowKey, Value, check_name, check_row, check_value
+from sequencer import ABSENT, Absent, RowKey, Value, check_name, check_row, check_write
 from sinks import Sink
 
 __all__ = ["AsyncAgent"]
@@ -33,10 +33,7 @@ class AsyncAgent(_Capture):
         return await self._aopen(), True
 
     async def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
-        check_name("table", table)
-        check_row(row)
-        check_name("column", column)
-        check_value(value)
+        check_write(table, row, column, value)
         batch, auto = await self._batch_here()
         try:
             old = await self.store.exchange(table, row, column, value)
@@ -78,11 +75,7 @@ class AsyncAgent(_Capture):
 
     async def update(self, table: str, rows: Iterable[RowKey],
                      values: Mapping[str, Value]) -> None:
-        check_name("table", table)
-        rows = [check_row(r) for r in rows]
-        for column, value in values.items():
-            check_name("column", column)
-            check_value(value)
+        rows = check_update(table, rows, values)
         batch, auto = await self._batch_here()
         try:
             for row in rows:
@@ -97,13 +90,7 @@ class AsyncAgent(_Capture):
         self, table: str,
         changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
     ) -> dict[RowKey, bool]:
-        check_name("table", table)
-        for row, cells in changes.items():
-            check_row(row)
-            for column, (_expected, new) in cells.items():
-                check_name("column", column)
-                if new is not ABSENT:
-                    check_value(new)
+        check_conditional(table, changes)
         results: dict[RowKey, bool] = {}
         batch, auto = await self._batch_here()
         try:
