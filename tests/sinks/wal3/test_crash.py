@@ -40,10 +40,13 @@ from sinks.wal3 import (
     GarbageCollector,
     LogPosition,
     LogReader,
+    LogUnavailable,
     LogWriter,
     SnapshotOptions,
     Wal3Error,
     WriterOptions,
+    encode_fragment,
+    fragment_path,
 )
 from tests.sinks.wal3.conftest import ProcessStore, no_sleep
 
@@ -248,3 +251,23 @@ def test_crash_at_every_store_call() -> None:
                             f"crash {phase} call {step}")
     # Thread timing can merge two batches, so a run may make a call or two fewer.
     assert crashed >= 2 * total * 0.9
+
+
+def test_open_during_an_outage_fails_then_the_next_open_recovers() -> None:
+    """Rolling forward at open hits more transient failures than the retries allow (seed
+    4769 of the trials did): open raises LogUnavailable, adopts nothing, acknowledges
+    nothing; the next open adopts the orphan with no manual step."""
+    store = InMemoryObjectStore("outage-at-open", sleep=no_sleep)
+    LogWriter.initialize(store)
+    opts = WriterOptions(store_retries=2)
+    with LogWriter.open(store, options=opts, sleep=no_sleep) as writer:
+        writer.append(b"a")
+    data, _ = encode_fragment(2, 99, [b"orphan"])
+    store.put_if_absent(fragment_path(2), data)
+    store.faults.fail("put_if_match", key="manifest/*", times=3)
+    with pytest.raises(LogUnavailable, match="failed 3 times"):
+        LogWriter.open(store, options=opts, sleep=no_sleep)
+    assert LogReader(store).manifest().next_offset == 2
+    store.faults.clear()
+    check_recovered(store, opts, {1: b"a"}, 1, "open after an outage")
+    assert [r.body for r in LogReader(store).records()] == [b"a", b"orphan", b"final"]
