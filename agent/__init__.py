@@ -6,6 +6,7 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
+from agent._config import Config, ConfigError, load_config
 from agent._postgres_spec import (
     PostgresError,
     SchemaMismatch,
@@ -26,6 +27,8 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "Config",
+    "ConfigError",
     "InvalidWrite",
     "MemoryStore",
     "PostgresError",
@@ -37,4 +40,5 @@ __all__ = [
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",
+    "load_config",
 ]

@@ -146,6 +146,7 @@ class _Capture:
         self._current: ContextVar[_Batch | None] = ContextVar(
             f"cdc_batch_{self.domain_id:x}", default=None)
         self._shipper = Shipper(sink, max_queue=max_queue)
+        self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
@@ -168,8 +169,14 @@ class _Capture:
         """
         if self._closed:
             return
+        if self._current.get() is not None:
+            raise RuntimeError("close() inside a write batch would wait for itself; "
+                               "call it after the batch's block")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._closing = True
+            self._cond.notify_all()  # writers waiting on forced quiescence: give up
+            self._wake_async_waiters()
             while not self._sequencer.quiescent:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -198,11 +205,10 @@ class _Capture:
     # -- batches ---------------------------------------------------------------------------
 
     def _open(self) -> _Batch:
-        if self._closed:
-            raise AgentClosed("this Agent is closed; create a new one to capture more writes")
         self._check_shipping()
         cond = self._cond
         with cond:
+            self._check_open()
             ticket = self._sequencer.open_batch(self._clock_ns())
             if ticket is None:
                 deadline = time.monotonic() + self._wait_timeout
@@ -214,19 +220,25 @@ class _Capture:
                             f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
                             "are still open (a batch left open too long?)")
                     cond.wait(remaining)
+                    self._check_open()
                     ticket = self._sequencer.open_batch(self._clock_ns())
             self.stats["batches"] += 1
         return _Batch(ticket)
 
+    def _check_open(self) -> None:
+        """Under the lock: no new batch once close() has begun (it waits for quiescence)."""
+        if self._closing:
+            raise AgentClosed("this Agent is closed (or closing); create a new one to "
+                              "capture more writes")
+
     async def _aopen(self) -> _Batch:
         """``_open`` for asyncio: waits for forced quiescence without blocking the loop."""
-        if self._closed:
-            raise AgentClosed("this Agent is closed; create a new one to capture more writes")
         self._check_shipping()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._wait_timeout
         while True:
             with self._cond:
+                self._check_open()
                 ticket = self._sequencer.open_batch(self._clock_ns())
                 if ticket is not None:
                     self.stats["batches"] += 1

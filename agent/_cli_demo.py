@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent._agent import Agent
+from agent._config import Config, ConfigError, load_config
 from agent._logging import configure_logging
 from agent._store import MemoryStore
 from agent._workload import Workload
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> None:
                              "log), or memory:// (default: a wal3 log in a new temporary "
                              "folder, kept for `cdc-agent log scrub`)")
     parser.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// logs")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="take the agent options and the sink from a configuration file "
+                             "(see config/); --log is ignored then")
     parser.add_argument("--postgres", metavar="DSN", default=None,
                         help="run the writers against PostgreSQL and replicate into "
                              "<dbname>_replica instead")
@@ -71,25 +75,48 @@ def open_destination(uri: str | None, endpoint_url: str | None) -> Destination:
     return Destination(log_uri, wal3, lambda: read_log(log_uri, endpoint_url=endpoint_url))
 
 
+def destination_from_config(config: Config) -> Destination:
+    kind = config.sink["kind"]
+    if kind == "memory":
+        sink = config.open_sink()
+        return Destination("memory://", sink, lambda: sink.records)  # type: ignore[attr-defined]
+    if kind == "wal3":
+        return open_destination(config.sink.get("uri"), config.sink.get("endpoint_url"))
+    if kind != "kafka":
+        config.open_sink()  # raises the ConfigError naming the kinds there are
+    raise ConfigError(f"{config.path}: the demo reads back memory and wal3 logs, not "
+                      f"[sink] kind = {kind!r} (for Kafka, see `cdc-agent tail kafka`)")
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose)
     if args.threads < 1 or args.batches < 1:
         print("cdc-agent demo: --threads and --batches must be at least 1", file=sys.stderr)
         return 2
     if args.postgres:
-        from agent._demo_postgres import run_postgres_demo  # type: ignore[import-not-found]
+        from agent._demo_postgres import run_postgres_demo
 
         status: int = run_postgres_demo(args.postgres, threads=args.threads,
                                         batches=args.batches, seed=args.seed)
         return status
-    destination = open_destination(args.log, args.endpoint_url)
+    agent_options: dict[str, Any] = {}
+    if args.config:
+        try:
+            config = load_config(args.config)
+            destination = destination_from_config(config)
+        except ConfigError as exc:
+            print(f"cdc-agent demo: {exc}", file=sys.stderr)
+            return 2
+        agent_options = config.agent
+    else:
+        destination = open_destination(args.log, args.endpoint_url)
     store = MemoryStore()
     captured: dict[tuple[int, int], dict[Any, bytes]] = {}
 
     def capture(marker: Any) -> None:
         captured[(marker.domain_id, marker.epoch_seq)] = _bits(store.snapshot())
 
-    agent = Agent(store, destination.sink, on_quiescence=capture)
+    agent = Agent(store, destination.sink, on_quiescence=capture, **agent_options)
     print(f"cdc-agent demo: {args.threads} writers x {args.batches} batches, "
           f"log at {destination.uri}", file=sys.stderr)
     started = time.perf_counter()

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from agent._agent import Agent
 from agent._postgres_spec import TableSpec
+from agent._workload import Workload
 from sequencer import ABSENT, EpochRecord, Value
 from sinks import EventBatch
 from sinks.codec import encode_value
@@ -84,7 +85,7 @@ def _value(rng: random.Random, table: str, column: str) -> Value:
 
 
 @dataclass
-class PostgresWorkload:
+class PostgresWorkload(Workload):
     """Writer threads running random overlapping write batches on the demo tables.
 
     Like ``agent._workload.Workload`` (every kind of write the Agent offers), but each
@@ -94,28 +95,8 @@ class PostgresWorkload:
     threads: int = 4
     batches: int = 200
     seed: int = 0
-    tables: Mapping[str, TableSpec] = field(default_factory=lambda: dict(DEMO_TABLES))
-
-    def run(self, agent: Agent) -> None:
-        """Run every writer to completion; re-raise the first writer error."""
-        errors: list[BaseException] = []
-        workers = [threading.Thread(
-            target=self._writer, args=(agent, random.Random(self.seed * 1000 + i), errors),
-            name=f"pg-writer-{i}") for i in range(self.threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        if errors:
-            raise errors[0]
-
-    def _writer(self, agent: Agent, rng: random.Random, errors: list[BaseException]) -> None:
-        try:
-            ops = self.operations(agent, rng)
-            for _ in range(self.batches):
-                rng.choice(ops)()
-        except BaseException as exc:  # reported by run()
-            errors.append(exc)
+    tables: Mapping[str, TableSpec] = field(  # type: ignore[assignment]
+        default_factory=lambda: dict(DEMO_TABLES))
 
     def operations(self, a: Any, rng: random.Random) -> list[Callable[[], Any]]:
         """The writes, as callables on ``a`` (an Agent)."""

@@ -71,13 +71,14 @@ class Workload:
 
     def _writer(self, agent: object, rng: random.Random, errors: list[BaseException]) -> None:
         try:
-            ops = self._operations(agent, rng)
+            ops = self.operations(agent, rng)
             for _ in range(self.batches):
                 rng.choice(ops)()
         except BaseException as exc:  # reported by run()
             errors.append(exc)
 
-    def _operations(self, agent: object, rng: random.Random) -> list[Callable[[], None]]:
+    def operations(self, agent: object, rng: random.Random) -> list[Callable[[], None]]:
+        """The writes one writer picks from (a subclass may offer others)."""
         a = agent  # an Agent; typed loosely so other agents (e.g. Postgres demos) fit
         t, r, c = self.tables, self.rows, self.columns
 

@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "agent._cli_demo",  # cdc-agent demo
     "agent._cli_log",  # cdc-agent log inspect|scrub|verify|gc (wal3)
     "agent._cli_tail",  # cdc-agent tail kafka (Kafka)
+    "agent._cli_sidecar",  # cdc-agent sidecar
 )
 
 

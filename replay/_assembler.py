@@ -408,8 +408,11 @@ class Assembler:
         rest = table.filter(pa.array(later)).to_batches() if later.any() else []
         data = table.filter(pa.array(inside)) if not inside.all() else table
         rel_in = rel[inside]
-        order = np.lexsort((data.column("seq").to_numpy(), rel_in))
-        data = data.take(pa.array(order))
+        seq = data.column("seq").to_numpy().astype(np.int64)
+        step = np.diff(rel_in.astype(np.int64, copy=False)) if len(rel_in) > 1 else None
+        # A log from one writer is already in (batch, seq) order: skip the sort then.
+        if step is None or not ((step > 0) | ((step == 0) & (np.diff(seq) > 0))).all():
+            data = data.take(pa.array(np.lexsort((seq, rel_in))))
         return _drop_duplicates(domain, data), rest
 
     def _verify(self, domain: _Domain, epochs: list[EpochRecord], data: pa.Table
@@ -486,11 +489,14 @@ def _check_counts(domain: _Domain, epochs: list[EpochRecord], data: pa.Table,
                 f"{record.event_count}", domain_id=domain.domain_id, epoch_seq=record.epoch_seq)
     if not any(r.table_counts for r in epochs):
         return
-    grouped = pa.table({"e": epoch_index, "t": data.column("table")}).group_by(
-        ["e", "t"]).aggregate([([], "count_all")])
+    tables = pc.dictionary_encode(_flat(data.column("table")))
+    names = tables.dictionary.to_pylist()
+    combined = epoch_index.astype(np.int64) * len(names) + tables.indices.to_numpy()
+    pairs, counts = np.unique(combined, return_counts=True)
     seen: dict[int, dict[str, int]] = {}
-    for e, t, c in zip(*(grouped.column(i).to_pylist() for i in range(3)), strict=True):
-        seen.setdefault(e, {})[t] = c
+    for pair, count in zip(pairs.tolist(), counts.tolist(), strict=True):
+        epoch, name = divmod(pair, len(names))
+        seen.setdefault(epoch, {})[names[name]] = count
     for i, record in enumerate(epochs):
         if record.event_count and dict(record.table_counts) != seen.get(i, {}):
             raise InconsistentLog(

@@ -229,3 +229,44 @@ def test_a_failing_sink_surfaces_as_shipping_failed_and_the_store_keeps_its_writ
     assert store.get("t", 1, "a") == 1
     with pytest.raises(ShippingFailed):
         agent.set("t", 1, "a", 2)
+
+
+def test_close_while_writers_keep_writing_drains_and_refuses_new_batches() -> None:
+    """close() stops new batches, waits for open ones, and loses nothing they wrote."""
+    c = Captured()
+    stop = threading.Event()
+    refused = []
+
+    def busy_writer(row: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                with c.agent.batch():
+                    c.agent.set("t", row, "a", i)
+                    c.agent.set("t", row, "b", i)
+            except AgentClosed:
+                refused.append(row)
+                return
+            i += 1
+
+    writers = [threading.Thread(target=busy_writer, args=(row,)) for row in range(4)]
+    for w in writers:
+        w.start()
+    while c.agent.stats["batches"] < 200:
+        threading.Event().wait(0.001)
+    c.agent.close(timeout=30)
+    stop.set()
+    for w in writers:
+        w.join(10)
+    assert sorted(refused) == [0, 1, 2, 3]
+    assert replayed(c) == bits(c.store.snapshot())
+
+
+def test_close_inside_a_batch_is_refused() -> None:
+    """Closing from inside a batch would wait for itself: a clear error instead."""
+    c = Captured()
+    with c.agent.batch():
+        c.agent.set("t", 1, "a", 1)
+        with pytest.raises(RuntimeError, match="inside a write batch"):
+            c.agent.close()
+    c.agent.close()

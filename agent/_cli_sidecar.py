@@ -1,0 +1,96 @@
+"""``cdc-agent sidecar``: serve the capture core on a Unix socket (docs/sidecar.md).
+
+Applications write their store themselves and report each write over the socket; the
+sidecar sequences the events and ships them to the sink. SIGTERM or SIGINT shut it down
+gracefully: no new batch, a grace period for open ones, then flush, close the sink and
+remove the socket file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from typing import Any
+
+from agent._config import ConfigError, load_config
+from agent._logging import configure_logging
+from sinks import MemorySink, Sink
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sidecar", help="serve write capture to other processes over a Unix socket",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--socket", metavar="PATH", required=True,
+                        help="the Unix socket to listen on (a stale one is replaced)")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="take the agent options and the sink from a configuration file "
+                             "(see config/); --log is ignored then")
+    parser.add_argument("--log", metavar="URI", default=None,
+                        help="where the log goes: file:///dir or s3://bucket/prefix (a wal3 "
+                             "log), or memory:// (default: a wal3 log in a new temporary "
+                             "folder)")
+    parser.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// logs")
+    parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                        help="on shutdown, how long open batches may take to close before "
+                             "the sidecar closes them (default 5)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.set_defaults(run=run)
+
+
+def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink]:
+    if uri is not None and uri.startswith("memory:"):
+        return "memory://", MemorySink()
+    if uri is None:
+        uri = "file://" + tempfile.mkdtemp(prefix="cdc-sidecar-log-")
+    if not uri.startswith(("file://", "s3://")):
+        raise ConfigError(f"unsupported --log URI {uri!r} (use file:///dir, "
+                          "s3://bucket/prefix or memory://)")
+    from sinks.wal3 import open_log_sink
+
+    return uri, open_log_sink(uri, endpoint_url=endpoint_url)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent._agent import QuiescenceTimeout
+    from agent._shipper import ShippingFailed
+    from agent.sidecar import Sidecar, SidecarAddressInUse
+
+    configure_logging(args.verbose)
+    if args.grace < 0:
+        print("cdc-agent sidecar: --grace must not be negative", file=sys.stderr)
+        return 2
+    options: dict[str, Any] = {}
+    try:
+        if args.config:
+            config = load_config(args.config)
+            destination, sink = str(config.sink.get("uri", config.sink["kind"])), \
+                config.open_sink()
+            options = dict(config.agent)
+        else:
+            destination, sink = _sink_from_uri(args.log, args.endpoint_url)
+    except ConfigError as exc:
+        print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
+        return 2
+    sidecar = Sidecar(sink, grace_period=args.grace, **options)
+
+    def started() -> None:
+        print(f"cdc-agent sidecar: listening on {args.socket}, log at {destination}",
+              file=sys.stderr, flush=True)
+
+    try:
+        asyncio.run(sidecar.serve(args.socket, started=started, handle_signals=True))
+    except SidecarAddressInUse as exc:
+        sidecar.close()
+        print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
+        return 2
+    except (ShippingFailed, QuiescenceTimeout, TimeoutError) as exc:
+        print(f"cdc-agent sidecar: the log is incomplete: {exc}", file=sys.stderr)
+        return 1
+    print(f"cdc-agent sidecar: stopped after {sidecar.stats['batches']} batches, "
+          f"{sidecar.stats['events']} events", file=sys.stderr)
+    return 0

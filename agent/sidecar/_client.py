@@ -1,0 +1,396 @@
+"""The Python client of the sidecar: the ``Agent`` API over a store the caller owns.
+
+``SidecarClient(socket_path, store)`` wraps a local relaxed store. Each write does the
+store's atomic exchange itself, then reports the event to the sidecar, which sequences
+and ships it. Batches are scoped by a ``ContextVar`` exactly like the library's:
+``with client.batch():`` opens or joins a batch, a write outside any batch gets an
+automatic one.
+
+Each thread talks over its own connection (the sidecar answers a connection's requests
+in order, and a batch waiting on forced quiescence must not hold up another thread's
+batch); connections of threads that ended are closed when a new thread connects. A
+batch belongs to the connection that opened it; its writes go there even from another
+thread that copied the context.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, TypeVar
+
+from agent._agent import AgentClosed, QuiescenceTimeout
+from agent._shipper import ShippingFailed
+from agent._store import RelaxedStore
+from agent.sidecar import _protocol as p
+from sequencer import (
+    ABSENT,
+    Absent,
+    InvalidWrite,
+    RowKey,
+    Value,
+    check_name,
+    check_row,
+    check_value,
+    check_write,
+)
+
+__all__ = ["SidecarClient", "SidecarError", "SidecarUnavailable"]
+
+T = TypeVar("T")
+
+
+class SidecarError(RuntimeError):
+    """The sidecar refused a request; ``code`` is its error code (docs/sidecar.md)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class SidecarUnavailable(SidecarError):
+    """The sidecar cannot be reached, or the connection broke.
+
+    Writes already made to the store stay made; events of a batch whose connection
+    broke after they were reported are in the log (the sidecar closed the batch).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unavailable", message)
+
+
+_MAPPED: dict[str, Callable[[str], Exception]] = {
+    p.INVALID_WRITE: InvalidWrite,
+    p.CLOSING: AgentClosed,
+    p.QUIESCENCE_TIMEOUT: QuiescenceTimeout,
+    p.SHIPPING_FAILED: ShippingFailed,
+}
+
+
+_MAX_UNREAD = 512  # pipelined replies left unread at most (they are ~30 bytes each)
+
+
+class _Connection:
+    """One socket to the sidecar, under a lock. ``call`` waits for its reply; ``post``
+    pipelines a request whose reply is read later (its error, if any, is raised by the
+    next ``call``)."""
+
+    def __init__(self, path: str, client: str, timeout: float | None) -> None:
+        self.path = path
+        self.broken = False
+        self._lock = threading.Lock()
+        self._unread = 0
+        self._deferred: dict[str, Any] | None = None  # the first failed pipelined reply
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise SidecarUnavailable(f"cannot connect to the sidecar at {path}: {exc}; "
+                                     "is `cdc-agent sidecar` running there?") from exc
+        self._sock = sock
+        self._file = sock.makefile("rb")
+        hello = self.call("hello", protocol=p.PROTOCOL_VERSION, client=client)
+        self.domain_id = int(hello["domain_id"], 16)
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its (successful) reply."""
+        with self._lock:
+            self._send(op, fields)
+            self._read_unread(op)
+            reply = self._read(op)
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise _error(deferred, "a pipelined request failed earlier: ")
+        if not reply["ok"]:
+            raise _error(reply)
+        return reply
+
+    def post(self, op: str, **fields: Any) -> None:
+        """Send one request without waiting for its reply.
+
+        Once sent, the request reaches the sidecar even if this process dies next.
+        """
+        with self._lock:
+            self._send(op, fields)
+            self._unread += 1
+            if self._unread >= _MAX_UNREAD:  # keep the sidecar's replies flowing
+                self._read_unread(op)
+
+    def _send(self, op: str, fields: dict[str, Any]) -> None:
+        if self.broken:
+            raise SidecarUnavailable(f"the connection to {self.path} broke earlier")
+        try:
+            self._sock.sendall(p.encode_request(op, **fields))
+        except OSError as exc:
+            self.broken = True
+            raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "
+                                     f"failed during {op}: {exc}") from exc
+
+    def _read_unread(self, op: str) -> None:
+        while self._unread:
+            reply = self._read(op)
+            self._unread -= 1
+            if not reply["ok"] and self._deferred is None:
+                self._deferred = reply
+
+    def _read(self, op: str) -> dict[str, Any]:
+        try:
+            line = self._file.readline()
+        except OSError as exc:
+            self.broken = True
+            raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "
+                                     f"failed during {op}: {exc}") from exc
+        if not line.endswith(b"\n"):
+            self.broken = True
+            raise SidecarUnavailable(f"the sidecar at {self.path} closed the connection "
+                                     f"during {op}")
+        return p.decode_reply(line)
+
+    def close(self) -> None:
+        self.broken = True
+        self._file.close()
+        self._sock.close()
+
+
+def _error(reply: dict[str, Any], prefix: str = "") -> Exception:
+    code, message = str(reply.get("error")), prefix + str(reply.get("message"))
+    mapped = _MAPPED.get(code)
+    return SidecarError(code, message) if mapped is None else mapped(message)
+
+
+class _ClientBatch:
+    __slots__ = ("connection", "depth", "name")
+
+    def __init__(self, connection: _Connection, name: str) -> None:
+        self.connection = connection
+        self.name = name
+        self.depth = 1
+
+
+class _Scope:
+    """``with client.batch():``: opens a batch on the sidecar, or joins the outer one."""
+
+    __slots__ = ("_batch", "_client", "_token")
+
+    def __init__(self, client: SidecarClient) -> None:
+        self._client = client
+        self._batch: _ClientBatch | None = None
+
+    def __enter__(self) -> None:
+        client = self._client
+        current = client._current.get()
+        if current is not None:
+            current.depth += 1
+            self._batch = current
+            return
+        batch = client._open()
+        self._batch = batch
+        self._token = client._current.set(batch)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        batch = self._batch
+        assert batch is not None
+        batch.depth -= 1
+        if batch.depth:
+            return
+        self._client._current.reset(self._token)
+        # Even when the body raised, the writes that took effect are real: close it.
+        batch.connection.call("close", batch=batch.name)
+
+
+class SidecarClient:
+    """The ``Agent`` API, capturing through a sidecar: ``SidecarClient(path, store)``.
+
+    Thread-safe. ``set``, ``delete``, ``clear_row``, ``update``, ``conditional_set`` and
+    ``get`` behave as ``Agent``'s; the store is written here, the events are sent to
+    the sidecar at the end of each call, before it returns. Inside a batch they are
+    pipelined (not waited for): the sidecar's refusal, unlikely since every value is
+    checked here first, is raised by the batch's close.
+    """
+
+    def __init__(self, socket_path: str, store: RelaxedStore, *,
+                 client_name: str = "python", timeout: float | None = None) -> None:
+        self.socket_path = str(socket_path)
+        self.store = store
+        self._client_name = client_name
+        self._timeout = timeout
+        self._local = threading.local()
+        self._all: list[tuple[threading.Thread, _Connection]] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+        self._current: ContextVar[_ClientBatch | None] = ContextVar(
+            f"cdc_sidecar_batch_{id(self):x}", default=None)
+        self.domain_id = self._connection().domain_id  # fail early if unreachable
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _connection(self) -> _Connection:
+        connection: _Connection | None = getattr(self._local, "connection", None)
+        if connection is None or connection.broken:
+            if self._closed:
+                raise AgentClosed("this SidecarClient is closed")
+            connection = _Connection(self.socket_path, self._client_name, self._timeout)
+            with self._all_lock:
+                live: list[tuple[threading.Thread, _Connection]] = []
+                ended: list[tuple[threading.Thread, _Connection]] = []
+                for owner, other in self._all:
+                    if other.broken:
+                        continue
+                    (live if owner.is_alive() else ended).append((owner, other))
+                live.append((threading.current_thread(), connection))
+                self._all = live
+            for _owner, other in ended:  # threads that ended: their batches ended too
+                other.close()
+            self._local.connection = connection
+        return connection
+
+    def close(self) -> None:
+        """Close every connection (batches still open are closed by the sidecar)."""
+        self._closed = True
+        with self._all_lock:
+            connections, self._all = self._all, []
+        for _owner, connection in connections:
+            connection.close()
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- batches -------------------------------------------------------------------------
+
+    def batch(self) -> _Scope:
+        """A write batch for the block: ``with client.batch(): ...`` (joins an outer one)."""
+        return _Scope(self)
+
+    def _open(self) -> _ClientBatch:
+        connection = self._connection()
+        return _ClientBatch(connection, str(connection.call("open")["batch"]))
+
+    def _write(self, work: Callable[[list[p.Event]], T]) -> T:
+        """Run ``work`` (store writes appending their events) in the batch in force, or
+        an automatic one; report the events even if ``work`` fails part way."""
+        events: list[p.Event] = []
+        batch = self._current.get()
+        if batch is None:
+            batch = self._open()
+            try:
+                return work(events)
+            finally:
+                batch.connection.call("close", batch=batch.name,
+                                      events=[p.encode_event(e) for e in events])
+        try:
+            return work(events)
+        finally:
+            if events:  # pipelined: a refusal surfaces at the batch's close at the latest
+                batch.connection.post("events", batch=batch.name,
+                                      events=[p.encode_event(e) for e in events])
+
+    def flush(self) -> None:
+        """Wait until every event of every closed batch is durable in the sidecar's sink."""
+        self._connection().call("flush")
+
+    def ping(self) -> None:
+        self._connection().call("ping")
+
+    # -- writes --------------------------------------------------------------------------
+
+    def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
+        """Write one cell; return the value it replaced (ABSENT if it did not exist)."""
+        check_write(table, row, column, value)
+
+        def work(events: list[p.Event]) -> Value | Absent:
+            old = self.store.exchange(table, row, column, value)
+            events.append((table, row, column, old, value))
+            return old
+
+        return self._write(work)
+
+    def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        """Remove one cell; return the value it held (ABSENT if none: no event)."""
+        check_name("table", table)
+        check_row(row)
+        check_name("column", column)
+
+        def work(events: list[p.Event]) -> Value | Absent:
+            old = self.store.exchange(table, row, column, ABSENT)
+            if old is not ABSENT:
+                events.append((table, row, column, old, ABSENT))
+            return old
+
+        return self._write(work)
+
+    def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
+        """Remove every cell of a row, in one batch; return the values removed."""
+        check_name("table", table)
+        check_row(row)
+
+        def work(events: list[p.Event]) -> dict[str, Value]:
+            removed: dict[str, Value] = {}
+            for column in self.store.read_row(table, row):
+                old = self.store.exchange(table, row, column, ABSENT)
+                if old is not ABSENT:  # a racing writer may have removed it first
+                    removed[column] = old  # type: ignore[assignment]
+                    events.append((table, row, column, old, ABSENT))
+            return removed
+
+        return self._write(work)
+
+    def update(self, table: str, rows: Iterable[RowKey],
+               values: Mapping[str, Value]) -> None:
+        """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
+        check_name("table", table)
+        checked = [check_row(r) for r in rows]
+        for column, value in values.items():
+            check_name("column", column)
+            check_value(value)
+
+        def work(events: list[p.Event]) -> None:
+            for row in checked:
+                for column, value in values.items():
+                    old = self.store.exchange(table, row, column, value)
+                    events.append((table, row, column, old, value))
+
+        self._write(work)
+
+    def conditional_set(
+        self, table: str,
+        changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
+    ) -> dict[RowKey, bool]:
+        """Per row, swap each cell from ``expected`` to ``new``; return per-row success
+        (a row stops at its first mismatch; its earlier swaps stay, as with ``Agent``)."""
+        check_name("table", table)
+        for row, cells in changes.items():
+            check_row(row)
+            for column, (_expected, new) in cells.items():
+                check_name("column", column)
+                if new is not ABSENT:
+                    check_value(new)
+
+        def work(events: list[p.Event]) -> dict[RowKey, bool]:
+            results: dict[RowKey, bool] = {}
+            for row, cells in changes.items():
+                ok = True
+                for column, (expected, new) in cells.items():
+                    swapped, old = self.store.compare_exchange(table, row, column,
+                                                               expected, new)
+                    if not swapped:
+                        ok = False
+                        break
+                    if not (old is ABSENT and new is ABSENT):
+                        events.append((table, row, column, old, new))
+                results[row] = ok
+            return results
+
+        return self._write(work)
+
+    def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
+        """Read one cell from the store (no batch, no event)."""
+        return self.store.get(table, row, column)

@@ -1,0 +1,352 @@
+"""The sidecar's wire protocol, sans-IO: JSON lines in, JSON lines out (version 1).
+
+Each message is one JSON object on one line (UTF-8, ended by ``\\n``). A request names
+its ``op``; an optional ``id`` (any JSON scalar) is echoed in the reply. Replies come
+in request order, one per request: ``{"id": ..., "ok": true, ...}`` or
+``{"id": ..., "ok": false, "error": CODE, "message": TEXT}``. The full description,
+with an example session, is ``docs/sidecar.md``.
+
+Values keep every bit (the ``sequencer`` value model):
+
+    null                      None
+    true / false              bool
+    -12 or {"int": "-12"}     64-bit signed int (the string form for languages whose
+                              JSON numbers are doubles); a JSON number with a fraction
+                              or exponent is refused
+    {"f64": "7ff8000000000001"}  float, its IEEE 754 bit pattern as 16 hex digits,
+                              big-endian (NaN payloads, -0.0, infinities)
+    "text"                    str (valid Unicode: no lone surrogates)
+    {"b64": "AAE="}           bytes, standard base64 with padding
+    {"absent": true}          ABSENT: the cell does not exist (only as old or new)
+
+Row keys are a JSON string or a 64-bit int (either form above). Nothing here does I/O:
+``parse_request`` turns a line into a request or raises ``ProtocolError`` carrying the
+error code to answer; the encoders turn values and replies into lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from sequencer import (
+    ABSENT,
+    Absent,
+    InvalidWrite,
+    RowKey,
+    Value,
+    check_name,
+    check_row,
+    check_value,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Close",
+    "Event",
+    "Events",
+    "Flush",
+    "Hello",
+    "Open",
+    "Ping",
+    "ProtocolError",
+    "Request",
+    "decode_reply",
+    "decode_row",
+    "decode_value",
+    "encode_error",
+    "encode_event",
+    "encode_reply",
+    "encode_request",
+    "encode_row",
+    "encode_value",
+    "parse_request",
+]
+
+PROTOCOL_VERSION: Final = 1
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+
+Event: TypeAlias = tuple[str, RowKey, str, Value | Absent, Value | Absent]
+RequestId: TypeAlias = str | int | float | bool | None
+
+# Error codes (the "error" field of a failed reply).
+BAD_JSON: Final = "bad_json"              # the line is not a JSON object
+BAD_REQUEST: Final = "bad_request"        # a field is missing or has the wrong type
+UNKNOWN_OP: Final = "unknown_op"          # "op" names no operation
+BAD_VALUE: Final = "bad_value"            # a value or row key is not in the encoding
+INVALID_WRITE: Final = "invalid_write"    # refused by the value model (names, ranges)
+UNKNOWN_BATCH: Final = "unknown_batch"    # not a batch open on this connection
+HELLO_REQUIRED: Final = "hello_required"  # the first request must be hello
+UNSUPPORTED_PROTOCOL: Final = "unsupported_protocol"
+CLOSING: Final = "closing"                # the sidecar is shutting down: no new batch
+QUIESCENCE_TIMEOUT: Final = "quiescence_timeout"  # forced quiescence held the batch back
+SHIPPING_FAILED: Final = "shipping_failed"  # the sink failed; the log misses records
+LINE_TOO_LONG: Final = "line_too_long"    # over the line limit; the connection closes
+INTERNAL: Final = "internal"              # a sidecar bug (logged); the connection stays
+
+
+class ProtocolError(ValueError):
+    """A request the sidecar refuses; ``code`` is the error code of the reply."""
+
+    def __init__(self, code: str, message: str, request_id: RequestId = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+# -- requests -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    id: RequestId
+    protocol: int
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    id: RequestId
+    batch: str
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    id: RequestId
+    batch: str
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    id: RequestId
+
+
+Request: TypeAlias = Hello | Ping | Open | Events | Close | Flush
+
+_OPS: Final = ("hello", "ping", "open", "events", "close", "flush")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_request(line: bytes | str) -> Request:
+    """Decode and check one request line; raise ``ProtocolError`` with the reply's code."""
+    try:
+        message = json.loads(line, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(BAD_JSON, f"the line is not valid JSON: {exc}") from None
+    if type(message) is not dict:
+        raise ProtocolError(BAD_JSON, "a request is a JSON object, one per line")
+    request_id = message.get("id")
+    if request_id is not None and type(request_id) not in (str, int, float, bool):
+        raise ProtocolError(BAD_REQUEST, "\"id\" must be a JSON scalar (string or number)")
+    op = message.get("op")
+    if op not in _OPS:
+        raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(_OPS)}",
+                            request_id)
+    try:
+        if op == "events" or op == "close":
+            batch = message.get("batch")
+            if type(batch) is not str:
+                raise ProtocolError(BAD_REQUEST, f"{op} needs \"batch\": the string that "
+                                    "open returned")
+            raw_events = message.get("events", [] if op == "close" else None)
+            if type(raw_events) is not list:
+                raise ProtocolError(BAD_REQUEST, f"{op} needs \"events\": a list of "
+                                    "[table, row, column, old, new]")
+            events = [_decode_event(i, raw) for i, raw in enumerate(raw_events)]
+            return (Events if op == "events" else Close)(request_id, batch, events)
+        if op == "hello":
+            protocol = message.get("protocol")
+            client = message.get("client", "")
+            if type(protocol) is not int or type(client) is not str:
+                raise ProtocolError(BAD_REQUEST, "hello needs \"protocol\": an integer "
+                                    f"(this sidecar speaks {PROTOCOL_VERSION}) and an "
+                                    "optional \"client\" string")
+            return Hello(request_id, protocol, client)
+        if op == "ping":
+            return Ping(request_id)
+        if op == "open":
+            return Open(request_id)
+        return Flush(request_id)
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+
+
+def _decode_event(index: int, raw: object) -> Event:
+    if type(raw) is not list or len(raw) != 5:
+        raise ProtocolError(BAD_REQUEST, f"event {index}: an event is a list "
+                            "[table, row, column, old, new]")
+    table, row, column, old, new = raw
+    try:
+        check_name("table", table)
+        row_key = check_row(decode_row(row))
+        check_name("column", column)
+        old_value = decode_value(old)
+        new_value = decode_value(new)
+        if old_value is not ABSENT:
+            check_value(old_value)
+        if new_value is not ABSENT:
+            check_value(new_value)
+    except ProtocolError as exc:
+        raise ProtocolError(exc.code, f"event {index}: {exc.message}") from None
+    except InvalidWrite as exc:
+        raise ProtocolError(INVALID_WRITE, f"event {index}: {exc}") from None
+    if old_value is ABSENT and new_value is ABSENT:
+        raise ProtocolError(INVALID_WRITE, f"event {index}: old and new are both absent: "
+                            "nothing changed, so there is no event to report")
+    return (table, row_key, column, old_value, new_value)
+
+
+# -- values ---------------------------------------------------------------------------
+
+_F64: Final = struct.Struct(">d")
+_HEX16: Final = re.compile(r"[0-9a-fA-F]{16}\Z")
+_DECIMAL: Final = re.compile(r"-?(0|[1-9][0-9]{0,18})\Z")
+
+
+def encode_value(value: Value | Absent) -> Any:
+    """The JSON form of a cell value (see the module docstring)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return value
+    if kind is float:
+        return {"f64": _F64.pack(value).hex()}
+    if kind is bytes:
+        return {"b64": base64.b64encode(value).decode("ascii")}  # type: ignore[arg-type]
+    if value is ABSENT:
+        return {"absent": True}
+    raise InvalidWrite(f"value {value!r:.80} has type {kind.__name__}; a cell holds None, "
+                       "bool, 64-bit int, float, str or bytes")
+
+
+def decode_value(obj: object) -> Value | Absent:
+    """Inverse of ``encode_value``; raise ``ProtocolError`` (``bad_value``) otherwise."""
+    kind = type(obj)
+    if obj is None or kind is bool:
+        return obj  # type: ignore[return-value]
+    if kind is str:
+        return _checked_str(obj)  # type: ignore[arg-type]
+    if kind is int:
+        return _checked_int(obj)  # type: ignore[arg-type]
+    if kind is float:
+        raise ProtocolError(BAD_VALUE, f"{obj!r}: a float is sent as "
+                            "{\"f64\": \"<16 hex digits of its bits>\"}, never as a JSON "
+                            "number (which would lose bits)")
+    if kind is dict and len(obj) == 1:  # type: ignore[arg-type]
+        ((tag, body),) = obj.items()  # type: ignore[attr-defined]
+        if tag == "f64" and type(body) is str and _HEX16.match(body):
+            return float(_F64.unpack(bytes.fromhex(body))[0])
+        if tag == "int" and type(body) is str and _DECIMAL.match(body):
+            return _checked_int(int(body))
+        if tag == "b64" and type(body) is str:
+            try:
+                return base64.b64decode(body.encode("ascii"), validate=True)
+            except (binascii.Error, UnicodeEncodeError):
+                raise ProtocolError(BAD_VALUE, f"{body[:40]!r} is not standard base64 "
+                                    "(A-Z a-z 0-9 + /, padded with =)") from None
+        if tag == "absent" and body is True:
+            return ABSENT
+    raise ProtocolError(BAD_VALUE, f"{json.dumps(obj)[:80]} is not a value: use null, "
+                        "true/false, an integer, a string, {\"int\": \"<decimal>\"}, "
+                        "{\"f64\": \"<16 hex>\"}, {\"b64\": \"<base64>\"} or "
+                        "{\"absent\": true}")
+
+
+def _checked_int(value: int) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ProtocolError(BAD_VALUE, f"{value} does not fit in a signed 64-bit integer")
+    return value
+
+
+def _checked_str(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(BAD_VALUE, f"string {value[:40]!r} holds a lone surrogate; "
+                            "strings must be valid Unicode") from None
+    return value
+
+
+def encode_row(row: RowKey) -> Any:
+    """The JSON form of a row key: a string or an integer."""
+    return row
+
+
+def decode_row(obj: object) -> RowKey:
+    """A row key: a JSON string, an integer, or ``{"int": "<decimal>"}``."""
+    kind = type(obj)
+    if kind is str:
+        return _checked_str(obj)  # type: ignore[arg-type]
+    if kind is int or kind is dict:
+        value = decode_value(obj)
+        if type(value) is int:
+            return value
+    raise ProtocolError(BAD_VALUE, f"row key {json.dumps(obj)[:80]} is not a string or a "
+                        "64-bit integer")
+
+
+def encode_event(event: Event) -> list[Any]:
+    table, row, column, old, new = event
+    return [table, encode_row(row), column, encode_value(old), encode_value(new)]
+
+
+# -- lines ----------------------------------------------------------------------------
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8") + b"\n"
+
+
+def encode_request(op: str, request_id: RequestId = None, **fields: Any) -> bytes:
+    """One request line: ``{"op": op, "id": request_id, **fields}``."""
+    message: dict[str, Any] = {"op": op}
+    if request_id is not None:
+        message["id"] = request_id
+    message.update(fields)
+    return _line(message)
+
+
+def encode_reply(request_id: RequestId, **fields: Any) -> bytes:
+    """A success reply line."""
+    return _line({"id": request_id, "ok": True, **fields})
+
+
+def encode_error(request_id: RequestId, code: str, message: str) -> bytes:
+    """A failure reply line."""
+    return _line({"id": request_id, "ok": False, "error": code, "message": message})
+
+
+def decode_reply(line: bytes) -> dict[str, Any]:
+    """A reply line as a dict (``ok``, then ``error`` and ``message`` or the fields)."""
+    try:
+        reply = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(BAD_JSON, f"the sidecar's reply is not JSON: {exc}") from None
+    if type(reply) is not dict or type(reply.get("ok")) is not bool:
+        raise ProtocolError(BAD_JSON, f"the sidecar's reply {line[:80]!r} has no \"ok\"")
+    return reply

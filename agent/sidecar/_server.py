@@ -1,0 +1,341 @@
+"""The sidecar server: the capture core behind a Unix socket.
+
+Applications write their legacy store themselves (an atomic exchange, which returns
+the old value) and report each write here; the sidecar owns the sequencer and the
+sink, exactly as an in-process ``Agent`` would, and never touches the store.
+
+One asyncio task per connection handles its requests one at a time, in order. A
+connection may hold several open batches; they belong to it alone. When a connection
+ends (the client closed it, or crashed) with batches still open, the sidecar closes
+them: their reported events are real writes, and an open batch left behind would hold
+the sequencer back forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from agent._agent import AgentClosed, QuiescenceTimeout, _Batch, _Capture
+from agent._shipper import ShippingFailed
+from agent.sidecar import _protocol as p
+from sinks import Sink
+
+__all__ = ["Sidecar", "SidecarAddressInUse"]
+
+log = structlog.get_logger()
+
+MAX_LINE: Final = 16 << 20  # bytes per request line; longer ends the connection
+
+
+class _Reader(asyncio.StreamReader):
+    """A ``StreamReader`` that turns a connection reset into end of stream.
+
+    A client that dies with replies unread in its socket makes the kernel report
+    ECONNRESET to the sidecar; ``StreamReader`` would then raise at once and drop
+    the requests already received but not yet read. Those are real writes: read them
+    all, then see the end of the stream.
+    """
+
+    def set_exception(self, exc: Exception) -> None:
+        if isinstance(exc, ConnectionError):
+            self.feed_eof()
+        else:
+            super().set_exception(exc)
+
+
+class SidecarAddressInUse(OSError):
+    """Another sidecar already listens on the socket path."""
+
+
+@dataclass(eq=False)
+class _Connection:
+    number: int
+    client: str = ""
+    greeted: bool = False
+    batches: dict[str, _Batch] = field(default_factory=dict)
+
+
+class Sidecar(_Capture):
+    """The capture core (sequencer, shipping) serving clients on a Unix socket.
+
+    ``Sidecar(sink, on_quiescence=..., grace_period=5.0, max_line=16 MiB,
+    **agent_options)`` takes the options of ``Agent`` (no store).
+    ``await sidecar.serve(path)`` serves until ``stop()`` (thread-safe) or, with
+    ``handle_signals=True``, SIGTERM or SIGINT.
+    """
+
+    def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
+                 **options: object) -> None:
+        super().__init__(sink, **options)  # type: ignore[arg-type]
+        self.grace_period = grace_period
+        self.max_line = max_line
+        self._connections: dict[_Connection, asyncio.StreamWriter] = {}
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._batch_closed: asyncio.Event | None = None
+        self._next_connection = 0
+        self.stopping = threading.Event()  # set once shutdown refuses new batches
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def serve(self, socket_path: str | os.PathLike[str], *,
+                    started: Callable[[], None] | None = None,
+                    handle_signals: bool = False) -> None:
+        """Listen on ``socket_path`` until ``stop()``, then shut down gracefully.
+
+        A stale socket file (nothing listening) is replaced; a live one raises
+        ``SidecarAddressInUse``. ``started()`` runs once the socket accepts connections.
+
+        Shutdown order:
+        # Step 1. Stop accepting connections.
+        # Step 2. Refuse new batches (``open`` answers ``closing``).
+        # Step 3. Wait up to ``grace_period`` for the open batches to close.
+        # Step 4. Close the batches still open (a warning names them) and every
+        #         connection.
+        # Step 5. Flush the sink and close it.
+        # Step 6. Remove the socket file.
+        """
+        path = Path(socket_path)
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop_event = asyncio.Event()
+        self._batch_closed = asyncio.Event()
+        _remove_stale_socket(path)
+
+        def connection_protocol() -> asyncio.StreamReaderProtocol:
+            reader = _Reader(limit=self.max_line, loop=loop)
+            return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
+
+        server = await loop.create_unix_server(connection_protocol, path=str(path))
+        inode = path.stat().st_ino
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop_event.set)
+        log.info("cdc.sidecar_listening", socket=str(path), domain_id=f"{self.domain_id:016x}")
+        try:
+            if started is not None:
+                started()
+            await self._stop_event.wait()
+            log.info("cdc.sidecar_stopping", open_batches=self._open_batch_names())
+        finally:
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            # Step 1.
+            server.close()
+            await asyncio.sleep(0)  # connections accepted just now: let their tasks start
+            # Step 2.
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+                self._wake_async_waiters()
+            self.stopping.set()
+            try:
+                # Step 3.
+                await self._wait_for_batches(self.grace_period)
+                # Step 4.
+                for connection in list(self._connections):
+                    self._close_batches(connection, "the sidecar is shutting down")
+                for writer in list(self._connections.values()):
+                    writer.close()
+                if self._handlers:
+                    await asyncio.wait(set(self._handlers), timeout=self.grace_period + 5)
+                # Step 5.
+                try:
+                    await loop.run_in_executor(
+                        None, functools.partial(self.close, self.grace_period + 60))
+                except BaseException:
+                    # Shipping failed, or a batch could not close: the log is incomplete.
+                    # Release the sink anyway; the caller sees the error.
+                    self._shipper.stop(5.0)
+                    with contextlib.suppress(Exception):
+                        self._sink.close()
+                    raise
+            finally:
+                # Step 6.
+                with contextlib.suppress(OSError):
+                    if path.stat().st_ino == inode:
+                        path.unlink()
+                log.info("cdc.sidecar_stopped", socket=str(path), **self.stats)
+
+    def stop(self) -> None:
+        """Ask ``serve()`` to shut down (from any thread)."""
+        loop, event = self._loop, self._stop_event
+        if loop is None or event is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            loop.call_soon_threadsafe(event.set)
+
+    async def _wait_for_batches(self, timeout: float) -> None:
+        assert self._batch_closed is not None
+        deadline = time.monotonic() + timeout
+        while any(c.batches for c in self._connections):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._batch_closed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._batch_closed.wait(), remaining)
+
+    def _open_batch_names(self) -> list[str]:
+        return [name for c in self._connections for name in c.batches]
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def _on_connection(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._next_connection += 1
+        connection = _Connection(self._next_connection)
+        self._connections[connection] = writer
+        try:
+            await self._converse(connection, reader, writer)
+        except (ConnectionError, BrokenPipeError):
+            pass  # the client went away; its batches are closed below
+        finally:
+            try:
+                self._close_batches(connection, "the client disconnected")
+            finally:
+                del self._connections[connection]
+                writer.close()
+                self._handlers.discard(task)
+
+    async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial.strip():
+                    return  # end of stream
+                line = exc.partial  # a last request without its newline
+            except asyncio.LimitOverrunError:
+                writer.write(p.encode_error(None, p.LINE_TOO_LONG,
+                                            f"a request line is limited to {self.max_line} "
+                                            "bytes; "
+                                            "the connection closes (its open batches too)"))
+                await writer.drain()
+                return
+            if not line.strip():
+                continue
+            reply = await self._answer(connection, line)
+            if writer.is_closing():
+                continue  # the client is gone: still take in every request it sent
+            writer.write(reply)
+            try:
+                await writer.drain()
+            except ConnectionError:
+                continue  # idem
+
+    async def _answer(self, connection: _Connection, line: bytes) -> bytes:
+        """The reply line to one request line (errors become error replies)."""
+        try:
+            request = p.parse_request(line)
+        except p.ProtocolError as exc:
+            return p.encode_error(exc.request_id, exc.code, exc.message)
+        try:
+            return await self._handle(connection, request)
+        except p.ProtocolError as exc:
+            return p.encode_error(request.id, exc.code, exc.message)
+        except AgentClosed as exc:
+            return p.encode_error(request.id, p.CLOSING, str(exc))
+        except QuiescenceTimeout as exc:
+            return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
+        except ShippingFailed as exc:
+            return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
+        except Exception as exc:  # a sidecar bug: answer it, keep the connection
+            log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
+
+    async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
+        if type(request) is p.Hello:
+            if request.protocol != p.PROTOCOL_VERSION:
+                raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
+                                      f"protocol {request.protocol} is not supported; this "
+                                      f"sidecar speaks {p.PROTOCOL_VERSION}")
+            connection.greeted = True
+            connection.client = request.client
+            return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
+                                  domain_id=f"{self.domain_id:016x}", server="cdc-agent")
+        if not connection.greeted:
+            raise p.ProtocolError(p.HELLO_REQUIRED, "send {\"op\": \"hello\", \"protocol\": "
+                                  f"{p.PROTOCOL_VERSION}}} first")
+        if type(request) is p.Ping:
+            return p.encode_reply(request.id)
+        if type(request) is p.Open:
+            batch = await self._aopen()
+            name = f"{batch.ticket.batch_id:016x}"
+            connection.batches[name] = batch
+            return p.encode_reply(request.id, batch=name)
+        if type(request) is p.Events or type(request) is p.Close:
+            target = connection.batches.get(request.batch)
+            if target is None:
+                raise p.ProtocolError(p.UNKNOWN_BATCH, f"batch {request.batch!r} is not open "
+                                      "on this connection (closed already, or opened on "
+                                      "another one?)")
+            for event in request.events:
+                self._record(target, event)
+            count = target.seq_start + len(target.events)
+            if type(request) is p.Close:
+                del connection.batches[request.batch]
+                self._close_batch(target)
+            return p.encode_reply(request.id, events=count)
+        assert type(request) is p.Flush
+        await asyncio.get_running_loop().run_in_executor(None, self.flush)
+        return p.encode_reply(request.id)
+
+    def _close_batch(self, batch: _Batch) -> None:
+        self._close(batch)
+        assert self._batch_closed is not None
+        self._batch_closed.set()
+
+    def _close_batches(self, connection: _Connection, reason: str) -> None:
+        """Close the connection's open batches: their reported events are real writes."""
+        if not connection.batches:
+            return
+        batches, connection.batches = connection.batches, {}
+        events = sum(b.seq_start + len(b.events) for b in batches.values())
+        for name, batch in batches.items():  # first close them, then say so
+            try:
+                self._close_batch(batch)
+            except Exception:  # shipping failed, or an on_quiescence hook: logged, go on
+                log.exception("cdc.sidecar_close_failed", batch=name)
+        log.warning("cdc.sidecar_closed_orphaned_batches", reason=reason,
+                    connection=connection.number, client=connection.client,
+                    batches=sorted(batches), events=events)
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """Remove a socket file nobody listens on; refuse a live one or a non-socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SidecarAddressInUse(f"{path} exists and is not a socket; choose another path "
+                                  "or remove it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)  # stale: its sidecar is gone
+            return
+    raise SidecarAddressInUse(f"a sidecar already listens on {path}; stop it first or "
+                              "choose another --socket")

@@ -1,0 +1,106 @@
+"""Sidecar capture against in-process capture: ``python3 -m bench.sidecar``.
+
+The baseline is an ``Agent`` in this process on a MemoryStore; the contender is a
+``SidecarClient`` on the same kind of store, reporting to ``cdc-agent sidecar`` running
+as a separate process (memory:// log), so the two do not share a GIL. Both run the same
+writes: batches of ``--events`` sets, then single unscoped writes (automatic batches),
+from one thread and from four. Every write costs the sidecar client at least one round
+trip over the Unix socket, so expect a fraction of in-process speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent import Agent, MemoryStore
+from agent.sidecar import SidecarClient
+from bench._util import best_of, report
+from sinks import MemorySink
+
+
+def _batches(api: Any, batches: int, per_batch: int, thread: int) -> int:
+    for b in range(batches):
+        with api.batch():
+            for i in range(per_batch):
+                api.set("t", thread * 1_000_000 + b, f"c{i % 8}", i)
+    return batches * per_batch
+
+
+def _singles(api: Any, writes: int, thread: int) -> int:
+    for i in range(writes):
+        api.set("t", thread, f"c{i % 8}", i)
+    return writes
+
+
+def _threaded(threads: int, work: Callable[[int], int]) -> int:
+    counts = [0] * threads
+
+    def run(n: int) -> None:
+        counts[n] = work(n)
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(counts)
+
+
+def _runner(threads: int, work: Callable[[int], int]) -> Callable[[], int]:
+    return lambda: _threaded(threads, work)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batches", type=int, default=400, help="batches per thread")
+    parser.add_argument("--events", type=int, default=10, help="sets per batch")
+    parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
+    args = parser.parse_args(argv)
+
+    folder = Path(tempfile.mkdtemp(prefix="cdc-bench-sc-", dir="/tmp"))
+    socket_path = folder / "s"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sidecar", "--socket", str(socket_path),
+         "--log", "memory://"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+        if "listening" not in banner:
+            raise SystemExit(f"the sidecar did not start: {banner}")
+        agent = Agent(MemoryStore(), MemorySink())
+        client = SidecarClient(str(socket_path), MemoryStore())
+        print(f"sidecar vs in-process Agent: {args.batches} batches x {args.events} sets "
+              f"per thread, best of {args.runs}")
+        for threads in (1, 4):
+            rates = {}
+            for name, api in (("agent", agent), ("sidecar", client)):
+                rates[name, "batches"] = best_of(args.runs, _runner(
+                    threads, lambda n, api=api: _batches(api, args.batches, args.events, n)))
+                rates[name, "singles"] = best_of(args.runs, _runner(
+                    threads, lambda n, api=api: _singles(api, args.batches, n)))
+            for shape in ("batches", "singles"):
+                label = (f"{threads} thread(s), {args.events}-set batches" if shape == "batches"
+                         else f"{threads} thread(s), unscoped single sets")
+                report(label, rates["sidecar", shape], "agent", rates["agent", shape],
+                       "events/s", "informational")
+        client.close()
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

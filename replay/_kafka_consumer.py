@@ -1,0 +1,344 @@
+"""The consistent Kafka consumer: confluent-kafka around ``KafkaLog`` (the pure part).
+
+One consumer reads every partition of the topic (``assign``, not a group rebalance:
+a consistent cut needs all partitions in one place); the group id only names where
+offsets are committed. Offsets are committed by hand, only at quiescence points, with
+the position token as the commit's metadata, so a restarted consumer resumes where the
+last changeset it handed out ends, neither skipping nor repeating one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import structlog
+
+from replay._assembler import Assembler, Cell, Changeset
+from replay._kafka_log import KafkaLog
+from replay._position import Frontier, Position
+from sequencer import Value
+from sinks.kafka._driver import confluent_kafka, quiet_logger
+from sinks.kafka._errors import KafkaConfigError, KafkaSinkError, KafkaUnavailable
+
+__all__ = ["KafkaConsistentConsumer", "aconsume_consistent", "consume_consistent"]
+
+log = structlog.get_logger()
+# librdkafka error codes meaning "the group coordinator is moving or loading": retry.
+_COORDINATOR_ERRORS = frozenset({14, 15, 16})  # LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
+
+
+class KafkaConsistentConsumer:
+    """Reads a topic written by ``KafkaSink`` and hands out verified changesets.
+
+    ``poll()`` returns the changesets that became consistent (cut at the minimum
+    quiescence point across partitions); ``commit()`` records, for ``group_id``, the
+    offsets and position after the last of them. Where reading starts: the group's
+    committed offsets, else the beginning of each partition. What is already applied:
+    ``position`` (a token of ``replay.Position``/``Frontier``), else the token committed
+    with the offsets, else nothing (the topic must then start at its domains' first
+    epochs). ``initial_state`` is the state the applied position stands for: with it,
+    reading starts at the committed offsets; without it, the consumer rebuilds that
+    state from the beginning of the topic and hands out only what comes after the
+    position.
+
+    Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
+    ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
+    ``KafkaConfigError`` for a missing topic or a wrong encoding.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        group_id: str,
+        position: str | Position | Frontier | None = None,
+        encoding: str = "native",
+        initial_state: Mapping[Cell, Value] | None = None,
+        config: Mapping[str, Any] | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        if encoding not in ("native", "debezium"):
+            raise KafkaConfigError(
+                f"unknown Kafka encoding {encoding!r}; choose one of native, debezium")
+        ck = self._ck = confluent_kafka()
+        self.topic = topic
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        settings: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "allow.auto.create.topics": False,
+            "logger": quiet_logger(),
+            "error_cb": self._on_error,
+            "on_commit": self._on_commit,
+        }
+        settings.update(config or {})
+        self._fatal: str | None = None
+        self._consumer = ck.Consumer(settings)
+        try:
+            self._start(position, encoding, initial_state, startup_timeout)
+        except BaseException:
+            self._consumer.close()
+            raise
+        self._closed = False
+
+    def _start(self, position: str | Position | Frontier | None, encoding: str,
+               initial_state: Mapping[Cell, Value] | None, timeout: float) -> None:
+        ck = self._ck
+        try:
+            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+        except ck.KafkaException as exc:
+            raise KafkaUnavailable(
+                f"no Kafka broker at {self.bootstrap} answered within {timeout}s ({exc}); "
+                "check the bootstrap address and that the broker runs") from exc
+        meta = metadata.topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            reason = meta.error.str() if meta is not None and meta.error else "no metadata"
+            raise KafkaConfigError(
+                f"Kafka topic {self.topic!r} does not exist on {self.bootstrap} ({reason}); "
+                "check the topic name (the sink creates it when given partitions=N)")
+        self.partitions = len(meta.partitions)
+        wanted = [ck.TopicPartition(self.topic, p) for p in range(self.partitions)]
+        deadline = time.monotonic() + timeout
+        while True:  # the group coordinator may still be loading: retry what is retriable
+            try:
+                committed = self._consumer.committed(
+                    wanted, timeout=max(deadline - time.monotonic(), 0.5))
+                break
+            except ck.KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = error is not None and hasattr(error, "retriable") and (
+                    error.retriable() or error.code() in _COORDINATOR_ERRORS)
+                if not retriable or time.monotonic() > deadline:
+                    raise KafkaUnavailable(
+                        f"could not read the committed offsets of group {self.group_id!r} "
+                        f"within {timeout}s: {exc}") from exc
+                time.sleep(0.1)
+        if position is None:
+            tokens = {tp.metadata for tp in committed if tp.offset >= 0 and tp.metadata}
+            if len(tokens) > 1:
+                log.warning("kafka_commit_tokens_differ", group=self.group_id, tokens=tokens)
+            position = max(tokens, key=len) if tokens else None
+        # The assembler checks every chain of events against the state it holds, so a
+        # resumed position needs the state it stands for. Without one, rebuild it: read
+        # from the beginning and keep quiet up to the position.
+        rebuild = position is not None and initial_state is None
+        self._hide = _frontier(position) if position is not None and rebuild else None
+        self.log = KafkaLog(self.partitions, encoding=encoding, assembler=Assembler(
+            initial_state, position=None if rebuild else position))
+        assignment = []
+        for tp in committed:
+            if tp.offset >= 0 and not rebuild:
+                self.log.seek(tp.partition, tp.offset)
+                assignment.append(ck.TopicPartition(self.topic, tp.partition, tp.offset))
+            else:
+                assignment.append(ck.TopicPartition(self.topic, tp.partition,
+                                                    ck.OFFSET_BEGINNING))
+        self._consumer.assign(assignment)
+        log.info("kafka_consumer_started", topic=self.topic, group=self.group_id,
+                 partitions=self.partitions, position=str(self.log.position))
+
+    def _on_error(self, err: Any) -> None:
+        if err.fatal():
+            self._fatal = err.str()
+        else:
+            log.debug("kafka_transient_error", error=err.str(), bootstrap=self.bootstrap)
+
+    @property
+    def position(self) -> Frontier:
+        """Everything up to this position was handed out as changesets."""
+        return self.log.position
+
+    def poll(self, timeout: float = 1.0, max_messages: int = 10_000) -> list[Changeset]:
+        """Read what is available (waiting up to ``timeout``); return new changesets."""
+        if self._fatal is not None:
+            raise KafkaSinkError(f"the Kafka consumer hit a fatal error: {self._fatal}")
+        messages = self._consumer.consume(max_messages, timeout)
+        out: list[Changeset] = []
+        feed = self.log.feed
+        for message in messages:
+            err = message.error()
+            if err is not None:
+                if err.code() == self._ck.KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
+                log.warning("kafka_consume_error", error=err.str())
+                continue
+            out.extend(feed(message.partition(), message.offset(), message.key(),
+                            message.value(), message.headers()))
+        if self._hide is not None and out:
+            out = self._drop_hidden(out)
+        return out
+
+    def _drop_hidden(self, changesets: list[Changeset]) -> list[Changeset]:
+        """While rebuilding: drop changesets up to the position (and their commit points)."""
+        assert self._hide is not None
+        hidden = []
+        for changeset in changesets:
+            applied = self._hide.get(changeset.domain_id)
+            if applied is not None and changeset.epoch_seq <= applied.epoch_seq:
+                hidden.append(changeset)
+        if hidden:
+            points = self.log.commit_points
+            gone = {id(c) for c in hidden}
+            self.log.commit_points = deque((p for p in points if id(p[0]) not in gone),
+                                           maxlen=points.maxlen)
+        return [c for c in changesets if all(c is not h for h in hidden)]
+
+    def commit(self, through: Changeset | None = None) -> bool:
+        """Commit the offsets and position after ``through`` (default: the last changeset
+        handed out), which the application has applied.
+
+        Step 1. Find the commit point of ``through`` (offsets per partition, token).
+        Step 2. Commit those offsets with the position token as metadata, asynchronously
+        (a broker outage must not stall reading; librdkafka sends commits in order and
+        ``close()`` waits for those in flight). A failed commit is logged: the next one
+        covers it, and a restart from an older commit re-reads, it does not skip.
+        """
+        # Step 1.
+        points = self.log.commit_points
+        if through is not None and all(changeset is not through for changeset, _ in points):
+            return False  # unknown, or older than the points kept: committing could skip
+        point = None
+        while points:
+            changeset, point = points.popleft()
+            if changeset is through:
+                break
+        if point is None or not point.offsets:
+            return True
+        ck = self._ck
+        # Step 2.
+        try:
+            self._consumer.commit(offsets=[
+                ck.TopicPartition(self.topic, p, o, metadata=point.token)
+                for p, o in point.offsets.items()
+            ], asynchronous=True)
+        except ck.KafkaException as exc:
+            log.warning("kafka_commit_failed", error=str(exc), group=self.group_id)
+            return False
+        return True
+
+    def _on_commit(self, err: Any, partitions: Any) -> None:
+        if err is not None:
+            log.warning("kafka_commit_failed", error=str(err), group=self.group_id)
+
+    def end_offsets(self, timeout: float = 15.0) -> dict[int, int]:
+        """The high watermark of every partition now."""
+        ck = self._ck
+        out = {}
+        for p in range(self.partitions):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    ck.TopicPartition(self.topic, p), timeout=timeout, cached=False)
+            except ck.KafkaException as exc:
+                raise KafkaUnavailable(f"could not read the end of {self.topic!r}: {exc}"
+                                       ) from exc
+            out[p] = high
+        return out
+
+    def reached(self, offsets: Mapping[int, int]) -> bool:
+        """True once every partition was read up to ``offsets``."""
+        read = self.log.read_offsets()
+        return all(high <= 0 or read.get(p, 0) >= high for p, high in offsets.items())
+
+    def close(self) -> None:
+        """Leave without committing anything more. A second call does nothing."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+    def __enter__(self) -> KafkaConsistentConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _frontier(position: str | Position | Frontier) -> Frontier:
+    if isinstance(position, str):
+        return Frontier.parse(position)
+    if isinstance(position, Position):
+        return Frontier.of([position])
+    return position
+
+
+def consume_consistent(
+    bootstrap: str,
+    topic: str,
+    *,
+    group_id: str,
+    position: str | Position | Frontier | None = None,
+    encoding: str = "native",
+    until_end: bool = False,
+    poll_timeout: float = 0.5,
+    commit_every: int = 100,
+    **options: Any,
+) -> Iterator[Changeset]:
+    """Yield a verified changeset per quiescence point, forever (or ``until_end``).
+
+    Offsets (with the position token) are committed once the caller has taken a
+    changeset and asks for the next one: after every ``commit_every`` changesets and
+    whenever the consumer has to wait for more. A crash while applying one repeats it
+    rather than losing it; store ``changeset.position`` with what you apply and pass it
+    back as ``position`` for exactly-once. With ``until_end`` it stops once it has read
+    up to where the partitions ended when it started. ``options`` go to ``KafkaConsistentConsumer``.
+    """
+    consumer = KafkaConsistentConsumer(bootstrap, topic, group_id=group_id,
+                                       position=position, encoding=encoding, **options)
+    try:
+        end = consumer.end_offsets() if until_end else None
+        while True:
+            taken = 0
+            for changeset in consumer.poll(poll_timeout):
+                yield changeset
+                taken += 1  # the caller is back: it applied the changeset
+                if taken % commit_every == 0:
+                    consumer.commit(changeset)
+            if taken % commit_every:
+                consumer.commit()
+            if end is not None and consumer.reached(end):
+                return
+    finally:
+        consumer.close()
+
+
+async def aconsume_consistent(
+    bootstrap: str,
+    topic: str,
+    *,
+    group_id: str,
+    position: str | Position | Frontier | None = None,
+    encoding: str = "native",
+    until_end: bool = False,
+    poll_timeout: float = 0.5,
+    commit_every: int = 100,
+    **options: Any,
+) -> AsyncIterator[Changeset]:
+    """``consume_consistent`` for asyncio: the blocking calls run in a worker thread."""
+    consumer = await asyncio.to_thread(
+        lambda: KafkaConsistentConsumer(bootstrap, topic, group_id=group_id,
+                                        position=position, encoding=encoding, **options))
+    try:
+        end = await asyncio.to_thread(consumer.end_offsets) if until_end else None
+        while True:
+            taken = 0
+            for changeset in await asyncio.to_thread(consumer.poll, poll_timeout):
+                yield changeset
+                taken += 1
+                if taken % commit_every == 0:
+                    await asyncio.to_thread(consumer.commit, changeset)
+            if taken % commit_every:
+                await asyncio.to_thread(consumer.commit)
+            if end is not None and consumer.reached(end):
+                return
+    finally:
+        consumer.close()

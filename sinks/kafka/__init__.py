@@ -1,0 +1,27 @@
+"""The Kafka sink: events keyed by cell over a topic's partitions, epoch records in each.
+
+May import ``sequencer`` and ``sinks``; confluent-kafka is imported lazily (install
+``cdc-agent[kafka]``). Start with ``_sink.py`` (what is sent, in which order), then
+``_native.py`` / ``_debezium.py`` (the two encodings) and ``_markers.py`` /
+``_tally.py`` (how epoch records are split per partition). ``docs/kafka.md`` documents
+both encodings with examples; ``replay.kafka`` reads them back.
+"""
+
+from sinks.kafka._errors import (
+    KafkaConfigError,
+    KafkaDeliveryError,
+    KafkaQueueFull,
+    KafkaSinkError,
+    KafkaUnavailable,
+)
+from sinks.kafka._sink import ENCODINGS, KafkaSink
+
+__all__ = [
+    "ENCODINGS",
+    "KafkaConfigError",
+    "KafkaDeliveryError",
+    "KafkaQueueFull",
+    "KafkaSink",
+    "KafkaSinkError",
+    "KafkaUnavailable",
+]

@@ -1,0 +1,141 @@
+"""KafkaLog without a broker: the sink's exact messages, interleaved, duplicated, cut short
+or altered, give the store's states at every quiescence point or a clear InconsistentLog."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from replay import Assembler, InconsistentLog
+from replay.kafka import KafkaLog
+from sinks.kafka._native import decode_event
+from tests.helpers import bits
+from tests.sinks.kafka._simulate import Feeder, Run, apply, captured_run, simulate_topic
+
+
+@pytest.fixture(scope="module")
+def run() -> Run:
+    """4 writer threads x 150 random batches, captured with the store at each quiescence."""
+    return captured_run(seed=11)
+
+
+@pytest.mark.parametrize("encoding", ["native", "debezium"])
+@pytest.mark.parametrize("partitions", [1, 3, 7])
+def test_every_quiescent_state_is_the_stores(run: Run, encoding: str, partitions: int) -> None:
+    """Any interleaving of partitions yields every quiescence point, each the store's state."""
+    topic = simulate_topic(run.items, partitions, encoding)
+    log = KafkaLog(partitions, encoding=encoding)
+    state: dict = {}
+    seen = []
+    for changeset in Feeder(topic, random.Random(partitions)).feed(log):
+        apply(state, changeset)
+        assert bits(state) == run.at_quiescence[(changeset.domain_id, changeset.epoch_seq)]
+        seen.append(changeset.epoch_seq)
+    assert len(seen) == len(run.at_quiescence) > 0  # how many depends on the scheduler
+    assert seen == sorted(seen)
+    assert bits(state) == run.final
+    assert log.duplicates == 0
+
+
+def test_redelivered_prefix_is_dropped(run: Run) -> None:
+    """Messages delivered twice (a consumer re-reading after a lost commit) change nothing."""
+    topic = simulate_topic(run.items, 3, "native")
+    doubled = [msgs[: len(msgs) // 2] + msgs for msgs in topic]
+    log = KafkaLog(3)
+    state: dict = {}
+    for changeset in Feeder(doubled, random.Random(1)).feed(log):
+        apply(state, changeset)
+    assert bits(state) == run.final
+    assert log.duplicates > 0
+
+
+def _event_positions(topic):
+    return [(p, i) for p, msgs in enumerate(topic) for i, (_k, v, h) in enumerate(msgs)
+            if h is None]
+
+
+@pytest.mark.parametrize("encoding", ["native", "debezium"])
+def test_a_lost_event_is_reported_not_applied(run: Run, encoding: str) -> None:
+    """Drop any one event: InconsistentLog, and no changeset at or after its epoch."""
+    rng = random.Random(5)
+    topic = simulate_topic(run.items, 3, encoding)
+    for _ in range(5):
+        p, i = rng.choice(_event_positions(topic))
+        cut = [list(msgs) for msgs in topic]
+        del cut[p][i]
+        log = KafkaLog(3, encoding=encoding)
+        with pytest.raises(InconsistentLog, match=r"lost|missing|chain"):
+            Feeder(cut, random.Random(2)).feed(log)
+
+
+def test_an_altered_event_is_reported(run: Run) -> None:
+    """Flip one bit of one event's new value: the partition's setsum no longer matches."""
+    topic = simulate_topic(run.items, 3, "native")
+    p, i = next((p, i) for p, i in _event_positions(topic)
+                if len(decode_event(topic[p][i][1]).new) > 2)
+    key, value, headers = topic[p][i]
+    topic[p][i] = (key, value[:-1] + bytes([value[-1] ^ 1]), headers)
+    with pytest.raises(InconsistentLog, match="setsum"):
+        Feeder(topic, random.Random(2)).feed(KafkaLog(3))
+
+
+def test_a_cut_message_is_reported(run: Run) -> None:
+    """A truncated event message is an InconsistentLog, not a decoding crash."""
+    topic = simulate_topic(run.items, 3, "native")
+    p, i = _event_positions(topic)[7]
+    key, value, headers = topic[p][i]
+    topic[p][i] = (key, value[:-1], headers)
+    with pytest.raises(InconsistentLog, match="corrupt event message"):
+        Feeder(topic, random.Random(2)).feed(KafkaLog(3))
+
+
+def test_a_lost_epoch_marker_is_reported(run: Run) -> None:
+    """Drop one partition's marker of one epoch: the next marker shows the gap."""
+    topic = simulate_topic(run.items, 3, "native")
+    markers = [i for i, (_k, _v, h) in enumerate(topic[1]) if h is not None]
+    del topic[1][markers[len(markers) // 2]]
+    with pytest.raises(InconsistentLog, match=r"skips from epoch|lost"):
+        Feeder(topic, random.Random(2)).feed(KafkaLog(3))
+
+
+def test_restart_from_commit_offsets_and_position(run: Run) -> None:
+    """Stop anywhere, restart from commit_offsets() and the position: same final state,
+    every quiescence point once, none applied twice."""
+    topic = simulate_topic(run.items, 3, "native")
+    rng = random.Random(9)
+    log = KafkaLog(3)
+    feeder = Feeder(topic, rng)
+    state: dict = {}
+    epochs = []
+    total = sum(map(len, topic))
+    while not epochs and sum(feeder.next) < total:  # past a first changeset, then anywhere
+        for changeset in feeder.feed(log, limit=20):
+            apply(state, changeset)
+            epochs.append(changeset.epoch_seq)
+    for changeset in feeder.feed(log, limit=rng.randrange(max(1, total - sum(feeder.next)))):
+        apply(state, changeset)
+        epochs.append(changeset.epoch_seq)
+    assert epochs
+    offsets, position = log.commit_offsets(), str(log.position)
+    restarted = KafkaLog(3, assembler=Assembler(state, position=position))
+    for p, offset in offsets.items():
+        restarted.seek(p, offset)
+    resumed = Feeder(topic, random.Random(10), next=[offsets.get(p, 0) for p in range(3)])
+    for changeset in resumed.feed(restarted):
+        assert all(state.get(cell) == before or bits({0: state.get(cell)}) == bits({0: before})
+                   for cell, before in changeset.before.items() if cell in state)
+        apply(state, changeset)
+        epochs.append(changeset.epoch_seq)
+        assert bits(state) == run.at_quiescence[(changeset.domain_id, changeset.epoch_seq)]
+    assert len(epochs) == len(set(epochs)) == len(run.at_quiescence)
+    assert bits(state) == run.final
+
+
+def test_starting_mid_domain_without_a_position_is_refused(run: Run) -> None:
+    """Reading from the middle of a domain with no position is an error, not a guess."""
+    topic = simulate_topic(run.items, 1, "native")
+    markers = [i for i, (_k, _v, h) in enumerate(topic[0]) if h is not None]
+    tail = [topic[0][markers[5] + 1 :]]
+    with pytest.raises(InconsistentLog, match="middle of the domain"):
+        Feeder(tail, random.Random(1)).feed(KafkaLog(1))
