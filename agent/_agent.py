@@ -10,8 +10,11 @@ needs one opens or joins a batch first.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered first
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from types import TracebackType
@@ -51,6 +54,28 @@ class QuiescenceTimeout(TimeoutError):
 
 class AgentClosed(RuntimeError):
     """A write was attempted after ``Agent.close()``."""
+
+
+# Agents not yet closed. At interpreter exit each is closed (bounded wait), so a program
+# that forgets close() still ships the tail of its log instead of dropping it.
+_open_agents: weakref.WeakSet[_Capture] = weakref.WeakSet()
+_EXIT_CLOSE_TIMEOUT: Final = 10.0
+
+
+def _close_open_agents() -> None:
+    for agent in list(_open_agents):
+        try:
+            agent.close(timeout=_EXIT_CLOSE_TIMEOUT)
+        except Exception as exc:  # at exit nothing is left to raise to: say what was lost
+            log.warning("cdc.agent_not_closed_at_exit", domain_id=f"{agent.domain_id:016x}",
+                        error=repr(exc))
+
+
+# Sinks finish on thread pools, and concurrent.futures refuses new work once its own
+# exit hook ran. threading's exit hooks run before atexit's, last registered first, so
+# registering there after concurrent.futures' hook closes the agents while pools work.
+_register_exit = getattr(threading, "_register_atexit", atexit.register)
+_register_exit(_close_open_agents)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -150,6 +175,7 @@ class _Capture:
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
+        _open_agents.add(self)
         log.info("cdc.agent_started", domain_id=f"{self.domain_id:016x}")
 
     # -- public --------------------------------------------------------------------------
@@ -185,6 +211,7 @@ class _Capture:
                         f"{timeout}s; close() needs them to end")
                 self._cond.wait(remaining)
             self._closed = True
+        _open_agents.discard(self)
         try:
             self._shipper.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
         finally:

@@ -270,3 +270,29 @@ def test_close_inside_a_batch_is_refused() -> None:
         with pytest.raises(RuntimeError, match="inside a write batch"):
             c.agent.close()
     c.agent.close()
+
+
+def test_a_program_that_forgets_close_still_ships_its_log(tmp_path: object) -> None:
+    """At interpreter exit an unclosed agent is closed: the wal3 log has every event."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sinks.wal3 import read_log
+
+    log_dir = Path(str(tmp_path)) / "log"
+    log_dir.mkdir()
+    program = (
+        "from agent import Agent, MemoryStore\n"
+        "from sinks.wal3 import open_log_sink\n"
+        f"agent = Agent(MemoryStore(), open_log_sink('file://{log_dir}'))\n"
+        "for i in range(300):\n"
+        "    agent.set('t', i % 7, 'a', i)\n"
+        "# no close(): the program just ends\n"
+    )
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=60,
+                   capture_output=True)
+    snapshots = list(Assembler().replay(read_log(f"file://{log_dir}")))
+    assert sum(s.changeset.event_count for s in snapshots) == 300
+    last_written = {("t", i % 7, "a"): i for i in range(300)}
+    assert snapshots[-1].state == last_written
