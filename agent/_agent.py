@@ -17,11 +17,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Final
 
 import structlog
 
+from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
@@ -93,53 +93,6 @@ class _Batch:
         self.depth = 1
 
 
-class _BatchScope:
-    """``with agent.batch():`` (also ``async with``): opens or joins a write batch."""
-
-    __slots__ = ("_agent", "_batch", "_token")
-
-    def __init__(self, agent: _Capture) -> None:
-        self._agent = agent
-        self._batch: _Batch | None = None
-
-    def __enter__(self) -> None:
-        agent = self._agent
-        current = agent._current.get()
-        if current is not None:
-            current.depth += 1  # nested: join the outer batch
-            self._batch = current
-            return
-        batch = agent._open()
-        self._batch = batch
-        self._token = agent._current.set(batch)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        batch = self._batch
-        assert batch is not None
-        batch.depth -= 1
-        if batch.depth:
-            return
-        self._agent._current.reset(self._token)
-        # Even when the body raised, the writes that took effect are real: ship them.
-        self._agent._close(batch)
-
-    async def __aenter__(self) -> None:
-        agent = self._agent
-        current = agent._current.get()
-        if current is not None:
-            current.depth += 1
-            self._batch = current
-            return
-        batch = await agent._aopen()
-        self._batch = batch
-        self._token = agent._current.set(batch)
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-
 class _Capture:
     """The machinery shared by ``Agent`` and ``AsyncAgent``: sequencer, scoping, shipping."""
 
@@ -180,9 +133,9 @@ class _Capture:
 
     # -- public --------------------------------------------------------------------------
 
-    def batch(self) -> _BatchScope:
+    def batch(self) -> BatchScope:
         """A write batch for the block: ``with agent.batch(): ...`` (joins an outer one)."""
-        return _BatchScope(self)
+        return BatchScope(self)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every record of every closed batch is durable in the sink."""

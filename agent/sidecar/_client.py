@@ -19,10 +19,10 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any, TypeVar
 
 from agent._agent import AgentClosed, QuiescenceTimeout
+from agent._scope import BatchScope
 from agent._shipper import ShippingFailed
 from agent._store import RelaxedStore
 from agent.sidecar import _protocol as p
@@ -172,38 +172,6 @@ class _ClientBatch:
         self.depth = 1
 
 
-class _Scope:
-    """``with client.batch():``: opens a batch on the sidecar, or joins the outer one."""
-
-    __slots__ = ("_batch", "_client", "_token")
-
-    def __init__(self, client: SidecarClient) -> None:
-        self._client = client
-        self._batch: _ClientBatch | None = None
-
-    def __enter__(self) -> None:
-        client = self._client
-        current = client._current.get()
-        if current is not None:
-            current.depth += 1
-            self._batch = current
-            return
-        batch = client._open()
-        self._batch = batch
-        self._token = client._current.set(batch)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        batch = self._batch
-        assert batch is not None
-        batch.depth -= 1
-        if batch.depth:
-            return
-        self._client._current.reset(self._token)
-        # Even when the body raised, the writes that took effect are real: close it.
-        batch.connection.call("close", batch=batch.name)
-
-
 class SidecarClient:
     """The ``Agent`` API, capturing through a sidecar: ``SidecarClient(path, store)``.
 
@@ -266,9 +234,17 @@ class SidecarClient:
 
     # -- batches -------------------------------------------------------------------------
 
-    def batch(self) -> _Scope:
+    def batch(self) -> BatchScope:
         """A write batch for the block: ``with client.batch(): ...`` (joins an outer one)."""
-        return _Scope(self)
+        return BatchScope(self)
+
+    def _close(self, batch: _ClientBatch) -> None:
+        """Close a batch at the end of its outermost block (even when the body raised:
+        the writes that took effect are real)."""
+        batch.connection.call("close", batch=batch.name)
+
+    async def _aopen(self) -> _ClientBatch:
+        raise TypeError("SidecarClient is synchronous: use `with client.batch():`")
 
     def _open(self) -> _ClientBatch:
         connection = self._connection()
