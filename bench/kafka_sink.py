@@ -27,6 +27,7 @@ from typing import Any
 from agent import Agent, MemoryStore
 from bench._util import report
 from sequencer import EpochRecord
+from sinks import RecordingSink
 from sinks.codec import EventBatch
 
 _quiet = logging.getLogger("bench.kafka.librdkafka")
@@ -34,28 +35,9 @@ _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
 
-class _Recorder:
-    """A sink that keeps the records as shipped."""
-
-    def __init__(self) -> None:
-        self.items: list[EventBatch | EpochRecord] = []
-
-    def write_events(self, batch: EventBatch) -> None:
-        self.items.append(batch)
-
-    def write_epoch(self, record: EpochRecord) -> None:
-        self.items.append(record)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def capture(events: int, batch_size: int) -> tuple[list[EventBatch | EpochRecord], int]:
     """Records of ``events`` cell writes in write batches of ``batch_size``."""
-    recorder = _Recorder()
+    recorder = RecordingSink()
     agent = Agent(MemoryStore(), recorder)
     written = 0
     row = 0

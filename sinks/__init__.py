@@ -5,7 +5,7 @@ bytes every sink and reader share) and ``_protocol.py`` (what a sink must do).
 Optional back ends (``sinks.wal3``, ``sinks.kafka``) import their drivers lazily.
 """
 
-from sinks._memory import MemorySink
+from sinks._memory import MemorySink, RecordingSink
 from sinks._protocol import Sink, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
 from sinks.codec import EventBatch
@@ -13,6 +13,7 @@ from sinks.codec import EventBatch
 __all__ = [
     "EventBatch",
     "MemorySink",
+    "RecordingSink",
     "Setsum",
     "Sink",
     "SinkClosed",

@@ -8,7 +8,7 @@ from sequencer import ChangeEvent, EpochRecord, Record
 from sinks._protocol import SinkClosed
 from sinks.codec import EventBatch, decode, encode_epoch, encode_events
 
-__all__ = ["MemorySink"]
+__all__ = ["MemorySink", "RecordingSink"]
 
 
 class MemorySink:
@@ -61,3 +61,25 @@ class MemorySink:
     def _check_open(self) -> None:
         if self.closed:
             raise SinkClosed("MemorySink is closed; nothing more is accepted")
+
+
+class RecordingSink:
+    """Keeps what the agent ships exactly as shipped, in ``.items``: ``EventBatch``es
+    and ``EpochRecord``s, nothing decoded or encoded (cheap; for tests and benchmarks
+    that replay the shipments into another sink or reader)."""
+
+    def __init__(self) -> None:
+        self.items: list[EventBatch | EpochRecord] = []
+        self.closed = False
+
+    def write_events(self, batch: EventBatch) -> None:
+        self.items.append(batch)
+
+    def write_epoch(self, record: EpochRecord) -> None:
+        self.items.append(record)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True

@@ -13,30 +13,12 @@ from agent._workload import Workload
 from replay import Changeset
 from replay.kafka import KafkaLog
 from sequencer import ABSENT, EpochRecord
+from sinks import RecordingSink
 from sinks.codec import EventBatch
 from sinks.kafka._builder import MessageBuilder
 from tests.helpers import bits
 
 Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
-
-
-class RecordingSink:
-    """Keeps what the agent ships, as shipped: event batches and epoch records."""
-
-    def __init__(self) -> None:
-        self.items: list[EventBatch | EpochRecord] = []
-
-    def write_events(self, batch: EventBatch) -> None:
-        self.items.append(batch)
-
-    def write_epoch(self, record: EpochRecord) -> None:
-        self.items.append(record)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass
