@@ -22,7 +22,7 @@ import structlog
 
 from sequencer import EpochRecord, RowKey
 from sinks import EventBatch, Setsum, Sink
-from sinks.codec import EVENT_SCHEMA, encode_key, encode_value, segment_digests
+from sinks.codec import EVENT_SCHEMA, encode_keys, encode_values, segment_digests
 
 __all__ = ["ShippingFailed", "Shipper", "Shipment"]
 
@@ -229,10 +229,10 @@ def _to_arrow(shipments: list[Shipment],
     batches: list[int] = []
     seqs: list[int] = []
     tables: list[str] = []
-    rows: list[bytes] = []
+    rows: list[object] = []
     columns: list[str] = []
-    olds: list[bytes] = []
-    news: list[bytes] = []
+    olds: list[object] = []
+    news: list[object] = []
     for s in shipments:
         n = len(s.events)
         if not n:
@@ -244,10 +244,14 @@ def _to_arrow(shipments: list[Shipment],
         for table, row, column, old, new in s.events:
             counts[table] = counts.get(table, 0) + 1
             tables.append(table)
-            rows.append(encode_key(row))
+            rows.append(row)
             columns.append(column)
-            olds.append(encode_value(old))  # type: ignore[arg-type]
-            news.append(encode_value(new))  # type: ignore[arg-type]
-    arrays = [pa.array(col, type=field.type) for col, field in zip(
-        (domains, batches, seqs, tables, rows, columns, olds, news), EVENT_SCHEMA, strict=True)]
+            olds.append(old)
+            news.append(new)
+    arrays = [
+        pa.array(domains, pa.uint64()), pa.array(batches, pa.uint64()),
+        pa.array(seqs, pa.uint32()), pa.array(tables, pa.utf8()),
+        encode_keys(rows), pa.array(columns, pa.utf8()),  # type: ignore[arg-type]
+        encode_values(olds), encode_values(news),
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)

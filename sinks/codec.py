@@ -47,6 +47,7 @@ from typing import Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks._setsum import Setsum
@@ -63,7 +64,9 @@ __all__ = [
     "encode_epoch",
     "encode_events",
     "encode_key",
+    "encode_keys",
     "encode_value",
+    "encode_values",
     "segment_digests",
 ]
 
@@ -141,6 +144,52 @@ def decode_value(raw: bytes) -> Value | Absent:
     if tag == 0x05:
         return bytes(raw[1:])
     raise CodecError(f"invalid tagged value {bytes(raw[:16])!r}")
+
+
+def encode_values(values: Sequence[object]) -> pa.Array:
+    """``encode_value`` over a list, as an Arrow binary array: the same bytes, but a
+    column of one type (ABSENT allowed among them) is encoded in C, not value by value.
+    """
+    kinds = set(map(type, values))
+    absent = Absent in kinds
+    kinds.discard(Absent)
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind not in _VECTOR_TAGS:  # mixed, empty, or None/bool (few distinct values)
+        return pa.array([encode_value(v) for v in values], pa.binary())  # type: ignore[arg-type]
+    if absent:  # encode a stand-in, then put ABSENT's empty bytes back
+        mask = pa.array([v is ABSENT for v in values])
+        stand_in = next(v for v in values if v is not ABSENT)
+        values = [stand_in if v is ABSENT else v for v in values]
+    tag = _VECTOR_TAGS[kind]
+    if kind is str:
+        encoded = _tagged(tag, pa.array(values, pa.string()).cast(pa.binary()))
+    elif kind is bytes:
+        encoded = _tagged(tag, pa.array(values, pa.binary()))
+    else:  # int and float: big-endian 8 bytes; numpy keeps every bit of a float
+        encoded = _tagged(tag, _fixed(np.array(values, dtype=">i8" if kind is int else ">f8")))
+    if absent:
+        encoded = pc.if_else(mask, pa.scalar(b"", pa.binary()), encoded)
+    return encoded
+
+
+_VECTOR_TAGS: Final = {str: b"\x04", bytes: b"\x05", int: b"\x02", float: b"\x03"}
+
+
+def _fixed(array: np.ndarray) -> pa.Array:
+    width = array.dtype.itemsize
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), len(array), [None, pa.py_buffer(array.tobytes())]).cast(pa.binary())
+
+
+def _tagged(tag: bytes, values: pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise(pa.scalar(tag, pa.binary()), values,
+                                       pa.scalar(b"", pa.binary()))
+
+
+def encode_keys(rows: Sequence[RowKey]) -> pa.Array:
+    """``encode_key`` over a list, as an Arrow binary array (vectorised like
+    ``encode_values``)."""
+    return encode_values(rows)
 
 
 def encode_key(row: RowKey) -> bytes:
