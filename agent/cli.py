@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -26,10 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cdc-agent",
         description="Change-data capture for stores without transactions.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("cdc-agent")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
