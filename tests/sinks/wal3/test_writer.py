@@ -41,8 +41,11 @@ def bodies_in_log(store: Any, prefix: str = "") -> list[bytes]:
 class Gate:
     """Holds fragment uploads at the store until released; tracks their concurrency."""
 
-    def __init__(self, store: InMemoryObjectStore, hold: int = 1_000_000) -> None:
+    def __init__(self, store: InMemoryObjectStore, hold: int = 1_000_000,
+                 hold_key: str | None = None) -> None:
         self.released = threading.Event()
+        self.hold_key = hold_key  # hold only this object's upload (else the first `hold`)
+        self.held_started = threading.Event()
         self.second_started = threading.Event()
         self.active = 0
         self.max_active = 0
@@ -59,9 +62,14 @@ class Gate:
                 self.active += 1
                 self.started += 1
                 self.max_active = max(self.max_active, self.active)
-                if self.started >= 2:
+                if self.hold_key is not None:
+                    # With a held key: "second" is any other fragment's upload.
+                    (self.held_started if call.key == self.hold_key
+                     else self.second_started).set()
+                elif self.started >= 2:
                     self.second_started.set()
-                held = self.started <= self.hold
+                held = (call.key == self.hold_key if self.hold_key is not None
+                        else self.started <= self.hold)
             else:
                 self.active -= 1
                 return
@@ -113,21 +121,26 @@ def test_batching_by_interval(mem_store: InMemoryObjectStore, clock: FakeClock) 
 
 
 def test_more_than_one_fragment_in_flight(mem_store: InMemoryObjectStore) -> None:
-    """Fragment 2 uploads while fragment 1 is still unlinked; links stay in order."""
+    """Another fragment uploads while fragment 1 is still unlinked; links stay in order."""
     LogWriter.initialize(mem_store)
-    gate = Gate(mem_store, hold=1)
+    # Hold fragment 1 itself: which upload thread reaches the store first is up to the
+    # scheduler, and under load fragment 2's may.
+    gate = Gate(mem_store, hold_key=fragment_path(1))
     opts = WriterOptions(batch_size_records=5, max_in_flight=3)
     with LogWriter.open(mem_store, options=opts) as writer:
         futures = writer.submit_many([b"x%d" % i for i in range(15)])
+        assert gate.held_started.wait(10), "fragment 1 never started uploading"
         assert gate.second_started.wait(10), "a second fragment never started uploading"
-        assert not futures[0].done()
+        assert not futures[0].done()  # fragment 1 is held, so nothing can be linked
         gate.released.set()
         assert [f.result(10).offset for f in futures] == list(range(1, 16))
-    assert gate.max_active >= 2
+    # Another fragment was stored while fragment 1 was held, so before the first manifest
+    # swap: more than one fragment in flight (which one is up to the scheduler).
     calls = [(c.op, c.key) for c in mem_store.calls if c.phase == "before"]
     first_swap = next(i for i, c in enumerate(calls) if c[0] == "put_if_match")
-    second_put = [i for i, c in enumerate(calls) if c == ("put_if_absent", fragment_path(2))]
-    assert second_put and second_put[0] < first_swap
+    other_puts = [i for i, (op, key) in enumerate(calls) if op == "put_if_absent"
+                  and key.startswith("log/") and key != fragment_path(1)]
+    assert other_puts and other_puts[0] < first_swap
     assert bodies_in_log(mem_store) == [b"x%d" % i for i in range(15)]
 
 
