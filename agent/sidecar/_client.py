@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from agent._agent import AgentClosed, QuiescenceTimeout
+from agent._agent import AgentClosed, QuiescenceTimeout, check_conditional, check_update
 from agent._scope import BatchScope
 from agent._shipper import ShippingFailed
 from agent._store import RelaxedStore
@@ -34,7 +34,6 @@ from sequencer import (
     Value,
     check_name,
     check_row,
-    check_value,
     check_write,
 )
 
@@ -322,11 +321,7 @@ class SidecarClient:
     def update(self, table: str, rows: Iterable[RowKey],
                values: Mapping[str, Value]) -> None:
         """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
-        check_name("table", table)
-        checked = [check_row(r) for r in rows]
-        for column, value in values.items():
-            check_name("column", column)
-            check_value(value)
+        checked = check_update(table, rows, values)
 
         def work(events: list[p.Event]) -> None:
             for row in checked:
@@ -342,13 +337,7 @@ class SidecarClient:
     ) -> dict[RowKey, bool]:
         """Per row, swap each cell from ``expected`` to ``new``; return per-row success
         (a row stops at its first mismatch; its earlier swaps stay, as with ``Agent``)."""
-        check_name("table", table)
-        for row, cells in changes.items():
-            check_row(row)
-            for column, (_expected, new) in cells.items():
-                check_name("column", column)
-                if new is not ABSENT:
-                    check_value(new)
+        check_conditional(table, changes)
 
         def work(events: list[p.Event]) -> dict[RowKey, bool]:
             results: dict[RowKey, bool] = {}
