@@ -167,6 +167,8 @@ class Shipper:
                         item.done.set()
                     elif item is _STOP:
                         return
+                    elif hasattr(item, "ship_to"):  # a baseline chunk (agent._baseline)
+                        item.ship_to(self._sink)
             except BaseException as exc:  # the sink failed: keep what is left
                 self.error = exc
                 log.error("cdc.shipping_failed", error=repr(exc))
