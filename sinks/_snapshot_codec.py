@@ -189,7 +189,7 @@ def decode_snapshot(payload: memoryview) -> SnapshotChunk:
         table = pa.ipc.open_stream(pa.py_buffer(payload[pos:])).read_all()
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise CodecError(f"corrupt SNAPSHOT header: {exc}") from exc
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise CodecError(f"corrupt SNAPSHOT payload: {exc}") from exc
     if not table.schema.equals(SNAPSHOT_SCHEMA):
         raise CodecError(f"SNAPSHOT payload has schema {table.schema}, not SNAPSHOT_SCHEMA")
