@@ -48,6 +48,7 @@ __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
 
 log = structlog.get_logger()
 
+_HOLD_GRACE: Final = 0.002  # seconds a baseline lets writers in between two chunks
 SEGMENT_EVENTS: Final = 1 << 16  # events per shipped segment (sinks.codec.SEGMENT_BITS)
 
 
@@ -134,6 +135,7 @@ class _Capture:
         # _last_point is the last quiescence point, (epoch_seq, end_id): (0, 0) at start.
         self._hold = 0
         self._waiting = 0  # writers waiting in _open for a ticket
+        self._released: tuple[float, int] | None = None  # when a hold ended, batches then
         self._last_point = (0, 0)
         self._snapshot_lock = threading.Lock()
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
@@ -286,14 +288,23 @@ class _Capture:
         with self._cond:
             self._check_open()
             # Fairness: writers held back by the previous chunk open their batches
-            # before the next chunk holds them again.
+            # before the next chunk holds them again (those still waiting, and for a
+            # moment those not yet back at the lock).
+            released = self._released
             deadline = time.monotonic() + 1.0
-            while self._waiting and not self._hold and time.monotonic() < deadline:
-                self._cond.wait(0.01)
+            while not self._hold and (now := time.monotonic()) < deadline:
+                if self._waiting:
+                    self._cond.wait(0.01)
+                elif (released is not None and self.stats["batches"] == released[1]
+                      and now < released[0] + _HOLD_GRACE):
+                    self._cond.wait(_HOLD_GRACE / 4)
+                else:
+                    break
             self._hold += 1
 
     def _end_hold(self) -> None:
         with self._cond:
+            self._released = (time.monotonic(), self.stats["batches"])
             self._hold -= 1
             self._cond.notify_all()
             self._wake_async_waiters()

@@ -186,6 +186,8 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
             finally:
                 agent._end_hold()
             run.notify()
+        with agent.batch():  # a quiescence point after the last chunk: consumers hand
+            pass  # out the baseline's changes with the changeset of the next interval
         agent.flush(flush_timeout)
         return run.report()
 
@@ -208,6 +210,8 @@ async def atake_baseline(agent: _Capture, store: object, *,
             agent._end_hold()
         run.notify()
         await asyncio.sleep(0)  # let the writers held back open their batches
+    async with agent.batch():  # a quiescence point after the last chunk
+        pass
     await asyncio.get_running_loop().run_in_executor(None, agent.flush)
     return run.report()
 

@@ -52,6 +52,9 @@ class _Track:
     expect_lo: Any = None
     covered: tuple[Any, ...] | None = None  # None: strict; else rows below are covered
     held: InconsistentLog | None = None
+    # Chunk changes not handed out yet: they go out with the next interval's changeset,
+    # so every changeset has a position of its own (a replica skips a repeated one).
+    carry: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 class Baselines:
@@ -76,7 +79,7 @@ class Baselines:
         """True if this domain's intervals must go through ``drain`` (not the fast path)."""
         track = self._tracks.get(domain_id)
         return track is not None and (bool(track.pending) or track.covered is not None
-                                      or track.held is not None)
+                                      or track.held is not None or bool(track.carry))
 
     def feed(self, asm: Assembler, chunk: SnapshotChunk, *, defer: bool) -> list[Changeset]:
         domain = asm._domain(chunk.domain_id)
@@ -123,8 +126,10 @@ class Baselines:
                     return done  # wait for a baseline
                 track.held = None
                 track.covered = _NOTHING
-            done += self._apply_ready(asm, domain, track)
+            self._apply_ready(asm, domain, track)
             changeset = self._advance(asm, domain, track)
+            if changeset is not None and track.carry:
+                changeset = _with_carry(changeset, track)
             if changeset is None:
                 if track.held is not None:
                     continue  # held just now: a chunk 0 may be waiting already
@@ -133,9 +138,7 @@ class Baselines:
 
     # -- chunks --------------------------------------------------------------------------
 
-    def _apply_ready(self, asm: Assembler, domain: _Domain, track: _Track
-                     ) -> list[Changeset]:
-        done = []
+    def _apply_ready(self, asm: Assembler, domain: _Domain, track: _Track) -> None:
         for chunk in sorted(track.pending, key=lambda c: (c.baseline_id, c.index)):
             if chunk.epoch_seq > domain.applied_seq:
                 continue
@@ -148,12 +151,11 @@ class Baselines:
                         f"after {domain.applied_seq} was applied", domain_id=domain.domain_id,
                         epoch_seq=chunk.epoch_seq)
                 continue
-            done.append(self._apply(asm, domain, track, chunk))
-        return done
+            self._apply(asm, domain, track, chunk)
 
     def _apply(self, asm: Assembler, domain: _Domain, track: _Track,
-               chunk: SnapshotChunk) -> Changeset:
-        from replay._assembler import Changeset, _encode_cell
+               chunk: SnapshotChunk) -> None:
+        from replay._assembler import _encode_cell
 
         if chunk.index == 0:
             track.baseline_id, track.next_index, track.expect_lo = chunk.baseline_id, 0, None
@@ -197,6 +199,8 @@ class Baselines:
                 state[key] = value
             else:
                 state.pop(key, None)
+            first_before = track.carry[key][1] if key in track.carry else before[key]
+            track.carry[key] = (value, first_before)
         if track.covered is not None:
             if chunk.last:
                 track.covered = None
@@ -205,8 +209,6 @@ class Baselines:
                 assert hi is not None
                 track.covered = hi
         self.chunks_applied += 1
-        return Changeset(domain.domain_id, chunk.epoch_seq, 0, domain.position(),
-                         changes, before)
 
     # -- intervals -------------------------------------------------------------------------
 
@@ -268,6 +270,22 @@ class Baselines:
         domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
         return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
                          changes, before)
+
+
+def _with_carry(changeset: Changeset, track: _Track) -> Changeset:
+    """The changeset with the chunk changes made before its interval folded in."""
+    from replay._assembler import Changeset
+
+    changes = {k: v for k, (v, _b) in track.carry.items()}
+    before = {k: b for k, (_v, b) in track.carry.items()}
+    for key, final in changeset._changes.items():
+        changes[key] = final
+        before.setdefault(key, changeset._before[key])
+    track.carry = {}
+    keep = [k for k in changes if changes[k] != before[k]]
+    return Changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
+                     changeset.position, {k: changes[k] for k in keep},
+                     {k: before[k] for k in keep})
 
 
 def _state_keys_in(state: dict[bytes, bytes], lo: Any, hi: Any) -> list[bytes]:
