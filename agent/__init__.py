@@ -6,6 +6,7 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
+from agent._baseline import BaselineReport, CellChunk, ListableStore, SnapshotProgress
 from agent._config import Config, ConfigError, load_config
 from agent._postgres_spec import (
     PostgresError,
@@ -27,9 +28,12 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "BaselineReport",
+    "CellChunk",
     "Config",
     "ConfigError",
     "InvalidWrite",
+    "ListableStore",
     "MemoryStore",
     "PostgresError",
     "PostgresStore",
@@ -37,6 +41,7 @@ __all__ = [
     "RelaxedStore",
     "SchemaMismatch",
     "ShippingFailed",
+    "SnapshotProgress",
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",

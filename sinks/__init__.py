@@ -8,7 +8,7 @@ Optional back ends (``sinks.wal3``, ``sinks.kafka``) import their drivers lazily
 from sinks._memory import MemorySink, RecordingSink
 from sinks._protocol import Sink, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
-from sinks.codec import EventBatch
+from sinks.codec import EventBatch, SnapshotChunk
 
 __all__ = [
     "EventBatch",
@@ -19,4 +19,5 @@ __all__ = [
     "SinkClosed",
     "SinkError",
     "SinkTimeout",
+    "SnapshotChunk",
 ]
