@@ -52,9 +52,6 @@ class _Track:
     expect_lo: Any = None
     covered: tuple[Any, ...] | None = None  # None: strict; else rows below are covered
     held: InconsistentLog | None = None
-    # Chunk changes not handed out yet: they go out with the next interval's changeset,
-    # so every changeset has a position of its own (a replica skips a repeated one).
-    carry: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 class Baselines:
@@ -66,6 +63,10 @@ class Baselines:
         self.trusted = not fresh
         self._tracks: dict[int, _Track] = {}
         self.chunks_applied = 0
+        # Chunk changes not handed out yet: they go out with the next changeset (of any
+        # domain), so every changeset keeps a position of its own (a replica skips a
+        # repeated one), and a domain that ended mid-baseline strands nothing.
+        self.carry: dict[bytes, tuple[bytes, bytes]] = {}
 
     def _track(self, domain_id: int) -> _Track:
         track = self._tracks.get(domain_id)
@@ -77,9 +78,11 @@ class Baselines:
 
     def wants(self, domain_id: int) -> bool:
         """True if this domain's intervals must go through ``drain`` (not the fast path)."""
+        if self.carry:
+            return True
         track = self._tracks.get(domain_id)
         return track is not None and (bool(track.pending) or track.covered is not None
-                                      or track.held is not None or bool(track.carry))
+                                      or track.held is not None)
 
     def feed(self, asm: Assembler, chunk: SnapshotChunk, *, defer: bool) -> list[Changeset]:
         domain = asm._domain(chunk.domain_id)
@@ -128,8 +131,9 @@ class Baselines:
                 track.covered = _NOTHING
             self._apply_ready(asm, domain, track)
             changeset = self._advance(asm, domain, track)
-            if changeset is not None and track.carry:
-                changeset = _with_carry(changeset, track)
+            if changeset is not None and self.carry:
+                changeset = _with_carry(changeset, self.carry)
+                self.carry = {}
             if changeset is None:
                 if track.held is not None:
                     continue  # held just now: a chunk 0 may be waiting already
@@ -199,8 +203,8 @@ class Baselines:
                 state[key] = value
             else:
                 state.pop(key, None)
-            first_before = track.carry[key][1] if key in track.carry else before[key]
-            track.carry[key] = (value, first_before)
+            first_before = self.carry[key][1] if key in self.carry else before[key]
+            self.carry[key] = (value, first_before)
         if track.covered is not None:
             if chunk.last:
                 track.covered = None
@@ -272,16 +276,16 @@ class Baselines:
                          changes, before)
 
 
-def _with_carry(changeset: Changeset, track: _Track) -> Changeset:
+def _with_carry(changeset: Changeset, carry: dict[bytes, tuple[bytes, bytes]]
+                ) -> Changeset:
     """The changeset with the chunk changes made before its interval folded in."""
     from replay._assembler import Changeset
 
-    changes = {k: v for k, (v, _b) in track.carry.items()}
-    before = {k: b for k, (_v, b) in track.carry.items()}
+    changes = {k: v for k, (v, _b) in carry.items()}
+    before = {k: b for k, (_v, b) in carry.items()}
     for key, final in changeset._changes.items():
         changes[key] = final
         before.setdefault(key, changeset._before[key])
-    track.carry = {}
     keep = [k for k in changes if changes[k] != before[k]]
     return Changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
                      changeset.position, {k: changes[k] for k in keep},

@@ -272,3 +272,39 @@ def test_snapshot_needs_a_listable_store() -> None:
     with Agent(Plain(), MemorySink()) as agent, \
             pytest.raises(TypeError, match="cannot list its cells"):
         agent.snapshot()
+
+
+class _FailingSink(MemorySink):
+    """A MemorySink that fails at its ``fail_at``-th snapshot chunk (the agent 'dies')."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        if len(self.snapshot_chunks) == self.fail_at:
+            raise OSError("disk gone")
+        super().write_snapshot(chunk)
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 3])
+def test_a_baseline_cut_short_then_a_new_agent_takes_another(fail_at: int) -> None:
+    """A crash in the middle of a baseline (the sink fails at chunk ``fail_at``): the
+    log ends with a partial baseline; a new agent (a new domain) takes a new one, and a
+    consumer from nothing rebuilds the store after it, never raising on the old part."""
+    from agent import ShippingFailed
+
+    store = _prepopulated(random.Random(11), 60)
+    first = _FailingSink(fail_at)
+    agent = Agent(store, first)
+    agent.set("t", 1, "a", "before the crash")
+    with pytest.raises(ShippingFailed):
+        agent.snapshot(chunk_rows=10)
+    records = list(first.records)
+    second = MemorySink()
+    with Agent(store, second) as again:
+        again.set("t", 2, "b", "after the restart")
+        again.snapshot(chunk_rows=10)
+        again.set("t", 3, "c", "later")
+    snaps = list(Assembler().replay(records + second.records))
+    assert _bits(snaps[-1].state) == _bits(store.snapshot())
