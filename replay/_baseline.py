@@ -12,9 +12,10 @@ baseline. So while a baseline runs (its chunk 0 applied, its last not yet), such
 consumer checks the cancel-out chains of the rows already covered (below the last
 chunk's ``hi``) and leaves the others to their chunk; counts and setsums are checked
 for every event. If its strict replay breaks on a cell before any baseline came, the
-failure is held (the domain waits) until a chunk 0 of that domain arrives; from there
-it replays with nothing covered until the baseline covers the rows. A log that ends
-without one raises the held failure. Once the last chunk is applied the state is
+failure is held (the domain waits, and says so in a warning) until a chunk 0 of that
+domain arrives; from there it replays with nothing covered until the baseline covers
+the rows. A log that ends without one raises the held failure, and so does a stream
+with ``HOLD_LIMIT_EPOCHS`` epochs waiting behind it. Once the last chunk is applied the state is
 whole and every later interval is checked strictly again.
 
 Each chunk is verified like an epoch: its cell count and its setsum, that chunks come
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
+import structlog
 
 from replay._bulk import BrokenChain, cancel_out
 from replay._errors import InconsistentLog
@@ -37,9 +39,14 @@ from sinks.codec import decode_key
 if TYPE_CHECKING:
     from replay._assembler import Assembler, Changeset, _Domain
 
-__all__ = ["Baselines"]
+__all__ = ["HOLD_LIMIT_EPOCHS", "Baselines"]
+
+log = structlog.get_logger()
 
 _NOTHING: Final = ("", -2, 0)  # below every row: nothing covered yet
+# A held failure is raised once this many epochs of its domain wait behind it with no
+# baseline in sight (a stream never "ends": it must not stall forever in silence).
+HOLD_LIMIT_EPOCHS: Final = 100_000
 
 
 @dataclass
@@ -111,6 +118,8 @@ class Baselines:
         if track.covered is not None:
             return False
         track.held = exc
+        log.warning("cdc.replay_waiting_for_baseline", domain_id=f"{domain_id:016x}",
+                    error=str(exc))
         return True
 
     def check_held(self) -> None:
@@ -126,6 +135,8 @@ class Baselines:
         while True:
             if track.held is not None:
                 if not any(c.index == 0 for c in track.pending):
+                    if len(domain.epochs) > HOLD_LIMIT_EPOCHS:
+                        raise track.held
                     return done  # wait for a baseline
                 track.held = None
                 track.covered = _NOTHING

@@ -308,3 +308,21 @@ def test_a_baseline_cut_short_then_a_new_agent_takes_another(fail_at: int) -> No
         again.set("t", 3, "c", "later")
     snaps = list(Assembler().replay(records + second.records))
     assert _bits(snaps[-1].state) == _bits(store.snapshot())
+
+
+def test_a_stream_waiting_for_a_baseline_that_never_comes_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fed record by record (a stream never ends), a held failure is raised once enough
+    epochs wait behind it: the consumer does not stall in silence."""
+    import replay._baseline
+
+    monkeypatch.setattr(replay._baseline, "HOLD_LIMIT_EPOCHS", 20)
+    store = MemoryStore({("t", 1, "a"): 1})
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        for i in range(30):
+            agent.set("t", 1, "a", i + 2)
+    asm = Assembler()
+    with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
+        for record in sink.records:
+            asm.feed(record)
