@@ -24,6 +24,7 @@ in order and tile the row space (each ``lo`` is the previous ``hi``).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -58,6 +59,9 @@ class _Track:
     next_index: int = 0
     expect_lo: Any = None
     covered: tuple[Any, ...] | None = None  # None: strict; else rows below are covered
+    # While covered is set, the state's rows not covered yet do not change (their
+    # events are left to their chunk): their keys, sorted by row, found once.
+    index: list[tuple[Any, bytes]] = field(default_factory=list)
     held: InconsistentLog | None = None
 
 
@@ -139,7 +143,7 @@ class Baselines:
                         raise track.held
                     return done  # wait for a baseline
                 track.held = None
-                track.covered = _NOTHING
+                self._open_window(asm, track)
             self._apply_ready(asm, domain, track)
             changeset = self._advance(asm, domain, track)
             if changeset is not None and self.carry:
@@ -175,7 +179,7 @@ class Baselines:
         if chunk.index == 0:
             track.baseline_id, track.next_index, track.expect_lo = chunk.baseline_id, 0, None
             if not self.trusted and track.covered is None:
-                track.covered = _NOTHING
+                self._open_window(asm, track)
         if chunk.baseline_id != track.baseline_id or chunk.index != track.next_index:
             if track.covered is not None:
                 raise InconsistentLog(
@@ -202,7 +206,9 @@ class Baselines:
                                         chunk.data.column(3).to_pylist(), strict=True)}
         changes: dict[bytes, bytes] = {}
         before: dict[bytes, bytes] = {}
-        for key in _state_keys_in(state, lo, hi):
+        keys = (_index_keys_in(track.index, lo, hi) if track.covered is not None
+                else _state_keys_in(state, lo, hi))
+        for key in keys:
             if key not in listed:
                 changes[key], before[key] = b"", state[key]
         for key, value in listed.items():
@@ -219,11 +225,16 @@ class Baselines:
         if track.covered is not None:
             if chunk.last:
                 track.covered = None
+                track.index = []
                 self.trusted = True
             else:
                 assert hi is not None
                 track.covered = hi
         self.chunks_applied += 1
+
+    def _open_window(self, asm: Assembler, track: _Track) -> None:
+        track.covered = _NOTHING
+        track.index = sorted((_key_order(key), key) for key in asm._state)
 
     # -- intervals -------------------------------------------------------------------------
 
@@ -301,6 +312,18 @@ def _with_carry(changeset: Changeset, carry: dict[bytes, tuple[bytes, bytes]]
     return Changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
                      changeset.position, {k: changes[k] for k in keep},
                      {k: before[k] for k in keep})
+
+
+def _key_order(key: bytes) -> tuple[Any, ...]:
+    table, _column, row = key.split(b"\x00", 2)
+    return row_order(table.decode(), decode_key(row))
+
+
+def _index_keys_in(index: list[tuple[Any, bytes]], lo: Any, hi: Any) -> list[bytes]:
+    """The keys of ``index`` (sorted by row) whose row lies in [lo, hi)."""
+    start = 0 if lo is None else bisect.bisect_left(index, (lo,))
+    end = len(index) if hi is None else bisect.bisect_left(index, (hi,))
+    return [key for _order, key in index[start:end]]
 
 
 def _state_keys_in(state: dict[bytes, bytes], lo: Any, hi: Any) -> list[bytes]:
