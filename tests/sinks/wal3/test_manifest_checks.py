@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog
 
 from agent.cli import main
 from sinks.objstore import InMemoryObjectStore, LocalStore
@@ -52,6 +53,13 @@ def rewrite_manifest(store: Any, change: Callable[[dict[str, Any]], None]) -> No
     obj = json.loads(data)
     change(obj)
     store.put_if_match("manifest/MANIFEST", json.dumps(obj).encode(), etag)
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """main() configures logging to the captured stdout; undo it for later tests."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
