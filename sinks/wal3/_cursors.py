@@ -41,8 +41,11 @@ class Cursor:
             obj: Any = json.loads(data)
             position = obj["position"]["offset"]
             epoch_us, writer = obj["epoch_us"], obj["writer"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCursor(f"cursor {name} is not valid cursor JSON: {exc!r}") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            reason = ("nested too deeply" if isinstance(exc, RecursionError)
+                      else f"no field {exc}" if isinstance(exc, KeyError) else repr(exc))
+            raise CorruptCursor(
+                f"cursor {name} is not valid cursor JSON: {reason:.200}") from None
         if type(position) is not int or type(epoch_us) is not int or not isinstance(writer, str):
             raise CorruptCursor(f"cursor {name} has fields of the wrong type")
         if not 0 <= position <= _MAX_U64:  # an offset is a u64 (Chroma's LogPosition)

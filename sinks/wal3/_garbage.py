@@ -36,7 +36,7 @@ from sinks.wal3._errors import (
     CorruptManifest,
     GarbageCollectionInProgress,
 )
-from sinks.wal3._manifest import Fragment, Manifest, Snapshot, SnapshotPointer
+from sinks.wal3._manifest import Fragment, Manifest, Snapshot, SnapshotPointer, _u64
 from sinks.wal3._ops import install_snapshot, load_snapshot, require_manifest
 from sinks.wal3._paths import GARBAGE_PATH, MANIFEST_PATH, fragment_path
 from sinks.wal3._store import LogStore, PreconditionFailed, as_store
@@ -85,13 +85,18 @@ class Garbage:
                                         for s in obj["snapshots_to_drop"]),
                 snapshots_to_make=tuple(Snapshot.from_obj(s) for s in obj["snapshots_to_make"]),
                 snapshot_for_root=None if root is None else SnapshotPointer.from_obj(root),
-                fragments_to_drop_start=int(obj["fragments_to_drop_start"]),
-                fragments_to_drop_limit=int(obj["fragments_to_drop_limit"]),
+                fragments_to_drop_start=_u64(obj["fragments_to_drop_start"],
+                                             "fragments_to_drop_start"),
+                fragments_to_drop_limit=_u64(obj["fragments_to_drop_limit"],
+                                             "fragments_to_drop_limit"),
                 setsum_to_discard=Setsum.from_hexdigest(obj["setsum_to_discard"]),
-                first_to_keep=int(obj["first_to_keep"]["offset"]),
+                first_to_keep=_u64(obj["first_to_keep"]["offset"], "first_to_keep.offset"),
             )
-        except (ValueError, KeyError, TypeError, CorruptManifest) as exc:
-            raise CorruptGarbage(f"the garbage file is not valid garbage JSON: {exc!r}") from None
+        except (ValueError, KeyError, TypeError, RecursionError, CorruptManifest) as exc:
+            reason = ("nested too deeply" if isinstance(exc, RecursionError)
+                      else f"no field {exc}" if isinstance(exc, KeyError) else repr(exc))
+            raise CorruptGarbage(
+                f"the garbage file is not valid garbage JSON: {reason:.200}") from None
         return garbage
 
     def paths_to_delete(self) -> list[str]:
@@ -242,7 +247,10 @@ class GarbageCollector:
         if found is None:
             return Garbage(), None
         data, etag = found
-        return Garbage.from_json(data), etag
+        try:
+            return Garbage.from_json(data), etag
+        except CorruptGarbage as exc:
+            raise CorruptGarbage(f"{self._log.key(GARBAGE_PATH)}: {exc}") from None
 
     def positions(self, keep_at_least: int | None = None) -> dict[str, int]:
         """What bounds a collection: each cursor's position, and ``keep_at_least``."""
