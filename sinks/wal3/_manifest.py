@@ -440,6 +440,10 @@ class Manifest:
         sealed = obj.get("sealed", False)
         if not isinstance(sealed, bool):
             raise CorruptManifest("manifest.sealed must be a boolean")
+        try:
+            extra = tuple((k, _dumps(v)) for k, v in obj.items() if k not in _KNOWN)
+        except RecursionError:  # the parser got through; re-encoding is a frame deeper
+            raise CorruptManifest("manifest: an unknown field is nested too deeply") from None
         return cls(
             setsum=_setsum(_field(obj, "setsum", "manifest"), "manifest.setsum"),
             collected=(Setsum() if collected_raw is None
@@ -461,7 +465,7 @@ class Manifest:
             initial_seq_no=(None if initial_seq_no is None
                             else _u64(initial_seq_no, "manifest.initial_seq_no")),
             sealed=sealed,
-            extra=tuple((k, _dumps(v)) for k, v in obj.items() if k not in _KNOWN),
+            extra=extra,
         )
 
     def to_json(self) -> str:
