@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass
@@ -157,9 +158,7 @@ def parse_request(line: bytes | str) -> Request:
         raise ProtocolError(BAD_JSON, f"the line is not valid JSON: {exc}") from None
     if type(message) is not dict:
         raise ProtocolError(BAD_JSON, "a request is a JSON object, one per line")
-    request_id = message.get("id")
-    if request_id is not None and type(request_id) not in (str, int, float, bool):
-        raise ProtocolError(BAD_REQUEST, "\"id\" must be a JSON scalar (string or number)")
+    request_id = _request_id(message.get("id"))
     op = message.get("op")
     if op not in _OPS:
         raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(_OPS)}",
@@ -194,11 +193,34 @@ def parse_request(line: bytes | str) -> Request:
         raise
 
 
+def _request_id(raw: object) -> RequestId:
+    """The request's ``id``, if the reply can echo it (else ``bad_request``, id null)."""
+    if raw is None:
+        return None
+    kind = type(raw)
+    if kind not in (str, int, float, bool):
+        raise ProtocolError(BAD_REQUEST, "\"id\" must be a JSON scalar (string or number)")
+    if kind is float and not math.isfinite(raw):  # type: ignore[arg-type]
+        raise ProtocolError(BAD_REQUEST, "\"id\" is a number out of the double range "
+                            "(e.g. 1e400); use a smaller number or a string")
+    if kind is str:
+        try:
+            raw.encode("utf-8")  # type: ignore[attr-defined]
+        except UnicodeEncodeError:
+            raise ProtocolError(BAD_REQUEST, "\"id\" holds a lone surrogate; strings must "
+                                "be valid Unicode") from None
+    return raw  # type: ignore[return-value]
+
+
 def _decode_event(index: int, raw: object) -> Event:
     if type(raw) is not list or len(raw) != 5:
         raise ProtocolError(BAD_REQUEST, f"event {index}: an event is a list "
                             "[table, row, column, old, new]")
     table, row, column, old, new = raw
+    for kind, name in (("table", table), ("column", column)):
+        if type(name) is not str:
+            raise ProtocolError(BAD_REQUEST, f"event {index}: the {kind} must be a string "
+                                f"(an identifier), not a JSON {_json_type(name)}")
     try:
         check_name("table", table)
         row_key = check_row(decode_row(row))
@@ -217,6 +239,11 @@ def _decode_event(index: int, raw: object) -> Event:
         raise ProtocolError(INVALID_WRITE, f"event {index}: old and new are both absent: "
                             "nothing changed, so there is no event to report")
     return (table, row_key, column, old_value, new_value)
+
+
+def _json_type(obj: object) -> str:
+    return {list: "array", dict: "object", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
 # -- values ---------------------------------------------------------------------------
@@ -337,8 +364,12 @@ def encode_reply(request_id: RequestId, **fields: Any) -> bytes:
 
 
 def encode_error(request_id: RequestId, code: str, message: str) -> bytes:
-    """A failure reply line."""
-    return _line({"id": request_id, "ok": False, "error": code, "message": message})
+    """A failure reply line (always one: what cannot be encoded is escaped or dropped)."""
+    try:
+        return _line({"id": request_id, "ok": False, "error": code, "message": message})
+    except (ValueError, TypeError):  # an id or message JSON cannot carry (UnicodeError too)
+        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return _line({"id": None, "ok": False, "error": code, "message": safe})
 
 
 def decode_reply(line: bytes) -> dict[str, Any]:

@@ -250,6 +250,10 @@ class Sidecar(_Capture):
             request = p.parse_request(line)
         except p.ProtocolError as exc:
             return p.encode_error(exc.request_id, exc.code, exc.message)
+        except Exception as exc:  # a parser bug: still one reply, the connection stays
+            log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            return p.encode_error(None, p.INTERNAL, f"the sidecar failed to parse the "
+                                  f"request: {exc!r}")
         try:
             return await self._handle(connection, request)
         except p.ProtocolError as exc:
