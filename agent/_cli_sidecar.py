@@ -38,8 +38,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="on shutdown, how long open batches may take to close before "
                              "the sidecar closes them (default 5)")
+    parser.add_argument("--socket-mode", type=_octal_mode, default=None, metavar="MODE",
+                        help="permissions of the socket file, in octal (default 660: the "
+                             "sidecar's user and group may connect; 666: every user)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     parser.set_defaults(run=run)
+
+
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text.removeprefix("0o"), 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 660"
+                                         ) from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a permission mode (000 to 777)")
+    return mode
 
 
 def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink]:
@@ -58,7 +72,8 @@ def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink
 def run(args: argparse.Namespace) -> int:
     from agent._agent import QuiescenceTimeout
     from agent._shipper import ShippingFailed
-    from agent.sidecar import Sidecar, SidecarAddressInUse
+    from agent.sidecar import Sidecar, SidecarSocketError
+    from agent.sidecar._server import SOCKET_MODE
 
     configure_logging(args.verbose)
     if args.grace < 0:
@@ -83,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
 
     try:
-        asyncio.run(sidecar.serve(args.socket, started=started, handle_signals=True))
-    except SidecarAddressInUse as exc:
+        asyncio.run(sidecar.serve(args.socket, started=started, handle_signals=True,
+                                  socket_mode=(SOCKET_MODE if args.socket_mode is None
+                                               else args.socket_mode)))
+    except SidecarSocketError as exc:
         sidecar.close()
         print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
         return 2
