@@ -55,7 +55,18 @@ class Shipment:
 
 @dataclass(slots=True)
 class _Flush:
+    """A flush request: finished once every item queued before it is durable in the
+    sink (or shipping failed: ``callback`` then gets the error)."""
+
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    callback: Callable[[BaseException | None], None] | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        if self.done.is_set():
+            return  # finished once only (a failing shipper may drain it twice)
+        self.done.set()
+        if self.callback is not None:
+            self.callback(error)
 
 
 _STOP: Final = object()
@@ -113,6 +124,19 @@ class Shipper:
             raise TimeoutError(f"the sink did not flush within {timeout}s")
         self._raise_if_failed()
 
+    def request_flush(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Without waiting: call ``callback(None)`` (from the shipping thread) once
+        everything put so far is durable in the sink, or ``callback(error)`` if shipping
+        failed. Requests that arrive together share one ``sink.flush()``."""
+        request = _Flush(callback=callback)
+        if self.error is not None:
+            request.finish(self.error)
+            return
+        self._items.append(request)
+        self._wakeup.set()
+        if self.error is not None:  # failed meanwhile: its drain may have missed us
+            self._fail_remaining([])
+
     def stop(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
             self._items.append(_STOP)
@@ -155,6 +179,8 @@ class Shipper:
     def _run(self) -> None:
         while True:
             items = self._take()
+            flushes: list[_Flush] = []
+            stop = False
             try:
                 # Events first, in one sink call: every epoch record in the group then
                 # follows all of its own events (later epochs' events may precede it).
@@ -163,10 +189,15 @@ class Shipper:
                     if type(item) is EpochRecord:
                         self._ship_epoch(item)
                     elif type(item) is _Flush:
-                        self._sink.flush()
-                        item.done.set()
+                        flushes.append(item)
                     elif item is _STOP:
-                        return
+                        stop = True
+                if flushes:  # one sink flush for the group's requests (group commit)
+                    self._sink.flush()
+                    for request in flushes:
+                        request.finish(None)
+                if stop:
+                    return
             except BaseException as exc:  # the sink failed: keep what is left
                 self.error = exc
                 log.error("cdc.shipping_failed", error=repr(exc))
@@ -174,14 +205,17 @@ class Shipper:
                 return
 
     def _fail_remaining(self, items: list[object]) -> None:
-        # Wake every flush waiter still queued so no caller hangs; they see the error.
+        # Finish every flush request still queued so no caller hangs; they see the error.
         for item in items:
             if isinstance(item, _Flush):
-                item.done.set()
+                item.finish(self.error)
         while self._items:
-            item = self._items.popleft()
+            try:
+                item = self._items.popleft()
+            except IndexError:  # another thread drained it meanwhile
+                break
             if isinstance(item, _Flush):
-                item.done.set()
+                item.finish(self.error)
         with self._drained:
             self._drained.notify_all()
 

@@ -110,6 +110,7 @@ class Hello:
     id: RequestId
     protocol: int
     client: str
+    durable: bool = False  # this connection's closes answer once durable in the sink
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,7 @@ class Close:
     id: RequestId
     batch: str
     events: list[Event]
+    durable: bool | None = None  # None: the connection's choice (hello's "durable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,9 @@ def parse_request(line: bytes | str) -> Request:
                 raise ProtocolError(BAD_REQUEST, f"{op} needs \"events\": a list of "
                                     "[table, row, column, old, new]")
             events = [_decode_event(i, raw) for i, raw in enumerate(raw_events)]
-            return (Events if op == "events" else Close)(request_id, batch, events)
+            if op == "events":
+                return Events(request_id, batch, events)
+            return Close(request_id, batch, events, _optional_bool(message, "durable"))
         if op == "hello":
             protocol = message.get("protocol")
             client = message.get("client", "")
@@ -182,7 +186,8 @@ def parse_request(line: bytes | str) -> Request:
                 raise ProtocolError(BAD_REQUEST, "hello needs \"protocol\": an integer "
                                     f"(this sidecar speaks {PROTOCOL_VERSION}) and an "
                                     "optional \"client\" string")
-            return Hello(request_id, protocol, client)
+            return Hello(request_id, protocol, client,
+                         _optional_bool(message, "durable") or False)
         if op == "ping":
             return Ping(request_id)
         if op == "open":
@@ -191,6 +196,13 @@ def parse_request(line: bytes | str) -> Request:
     except ProtocolError as exc:
         exc.request_id = request_id
         raise
+
+
+def _optional_bool(message: dict[str, Any], name: str) -> bool | None:
+    value = message.get(name)
+    if value is not None and type(value) is not bool:
+        raise ProtocolError(BAD_REQUEST, f"\"{name}\" must be true or false")
+    return value
 
 
 def _request_id(raw: object) -> RequestId:

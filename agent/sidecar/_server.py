@@ -74,6 +74,7 @@ class _Connection:
     number: int
     client: str = ""
     greeted: bool = False
+    durable: bool = False  # closes answer once durable in the sink (hello's "durable")
     batches: dict[str, _Batch] = field(default_factory=dict)
 
 
@@ -294,6 +295,7 @@ class Sidecar(_Capture):
                                       f"sidecar speaks {p.PROTOCOL_VERSION}")
             connection.greeted = True
             connection.client = request.client
+            connection.durable = request.durable
             return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
@@ -318,10 +320,37 @@ class Sidecar(_Capture):
             if type(request) is p.Close:
                 del connection.batches[request.batch]
                 self._close_batch(target)
+                durable = connection.durable if request.durable is None else request.durable
+                if durable:  # answer once the batch's records are durable in the sink
+                    await self._durable()
+                    return p.encode_reply(request.id, events=count, durable=True)
             return p.encode_reply(request.id, events=count)
         assert type(request) is p.Flush
-        await asyncio.get_running_loop().run_in_executor(None, self.flush)
+        await self._durable()
         return p.encode_reply(request.id)
+
+    async def _durable(self) -> None:
+        """Wait, without blocking the loop, until every record handed to the shipper so
+        far is durable in the sink (concurrent waits share one sink flush)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(ShippingFailed(
+                    f"shipping to the sink failed ({error!r}); the records of this batch "
+                    "may not be durable"))
+
+        def flushed(error: BaseException | None) -> None:  # on the shipping thread
+            with contextlib.suppress(RuntimeError):  # the loop ended: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        self._shipper.request_flush(flushed)
+        await done
 
     def _close_batch(self, batch: _Batch) -> None:
         self._close(batch)
