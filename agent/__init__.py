@@ -15,7 +15,7 @@ from agent._postgres_spec import (
     WriteOutcomeUnknown,
 )
 from agent._postgres_store import AsyncPostgresStore, PostgresStore
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import AsyncMemoryStore, AsyncRelaxedStore, MemoryStore, RelaxedStore
 from sequencer import ABSENT, InvalidWrite
 
@@ -36,6 +36,7 @@ __all__ = [
     "QuiescenceTimeout",
     "RelaxedStore",
     "SchemaMismatch",
+    "ShippingBackpressure",
     "ShippingFailed",
     "TableSpec",
     "WriteFailed",

@@ -107,6 +107,7 @@ class _Capture:
         max_quiescence_interval: float | None = None,
         quiescence_wait_timeout: float = 60.0,
         max_queue: int = 1024,
+        backpressure_timeout: float = 30.0,
     ) -> None:
         self.domain_id = domain_id if domain_id is not None else new_domain_id()
         self._sink = sink
@@ -123,7 +124,9 @@ class _Capture:
         )
         self._current: ContextVar[_Batch | None] = ContextVar(
             f"cdc_batch_{self.domain_id:x}", default=None)
-        self._shipper = Shipper(sink, max_queue=max_queue)
+        self._shipper = Shipper(sink, max_queue=max_queue,
+                                backpressure_timeout=backpressure_timeout)
+        self._backpressure_timeout = backpressure_timeout
         self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -186,6 +189,7 @@ class _Capture:
 
     def _open(self) -> _Batch:
         self._check_shipping()
+        self._shipper.wait_for_room()  # a slow sink slows new batches (bounded)
         cond = self._cond
         with cond:
             self._check_open()
@@ -215,6 +219,13 @@ class _Capture:
         """``_open`` for asyncio: waits for forced quiescence without blocking the loop."""
         self._check_shipping()
         loop = asyncio.get_running_loop()
+        if not self._shipper.has_room():  # a slow sink slows new batches (bounded)
+            room_deadline = loop.time() + self._backpressure_timeout
+            while not self._shipper.has_room():
+                self._check_shipping()
+                if loop.time() >= room_deadline:
+                    raise self._shipper.backpressure_error()
+                await asyncio.sleep(0.005)
         deadline = loop.time() + self._wait_timeout
         while True:
             with self._cond:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from agent._agent import AgentClosed, QuiescenceTimeout, check_conditional, check_update
 from agent._scope import BatchScope
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import RelaxedStore
 from agent.sidecar import _protocol as p
 from sequencer import (
@@ -66,6 +66,7 @@ _MAPPED: dict[str, Callable[[str], Exception]] = {
     p.CLOSING: AgentClosed,
     p.QUIESCENCE_TIMEOUT: QuiescenceTimeout,
     p.SHIPPING_FAILED: ShippingFailed,
+    p.BACKPRESSURE: ShippingBackpressure,
 }
 
 

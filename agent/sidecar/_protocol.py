@@ -88,6 +88,7 @@ UNSUPPORTED_PROTOCOL: Final = "unsupported_protocol"
 CLOSING: Final = "closing"                # the sidecar is shutting down: no new batch
 QUIESCENCE_TIMEOUT: Final = "quiescence_timeout"  # forced quiescence held the batch back
 SHIPPING_FAILED: Final = "shipping_failed"  # the sink failed; the log misses records
+BACKPRESSURE: Final = "backpressure"      # the sink is behind: no new batch for now
 LINE_TOO_LONG: Final = "line_too_long"    # over the line limit; the connection closes
 INTERNAL: Final = "internal"              # a sidecar bug (logged); the connection stays
 

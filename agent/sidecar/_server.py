@@ -30,7 +30,7 @@ from typing import Final
 import structlog
 
 from agent._agent import AgentClosed, QuiescenceTimeout, _Batch, _Capture
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
 
@@ -90,6 +90,7 @@ class Sidecar(_Capture):
     def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
                  **options: object) -> None:
         super().__init__(sink, **options)  # type: ignore[arg-type]
+        self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
         self.grace_period = grace_period
         self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
@@ -283,6 +284,8 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
         except ShippingFailed as exc:
             return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
+        except ShippingBackpressure as exc:
+            return p.encode_error(request.id, p.BACKPRESSURE, str(exc))
         except Exception as exc:  # a sidecar bug: answer it, keep the connection
             log.exception("cdc.sidecar_internal_error", connection=connection.number)
             return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
