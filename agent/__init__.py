@@ -7,6 +7,7 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
 from agent._config import Config, ConfigError, load_config
+from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
 from agent._postgres_spec import (
     PostgresError,
     SchemaMismatch,
@@ -27,6 +28,7 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "CaptureMetrics",
     "Config",
     "ConfigError",
     "InvalidWrite",
@@ -41,5 +43,8 @@ __all__ = [
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",
+    "kafka_consumer_lag",
     "load_config",
+    "serve_metrics",
+    "wal3_cursor_lag",
 ]

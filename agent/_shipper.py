@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import structlog
@@ -27,6 +27,9 @@ import structlog
 from sequencer import EpochRecord, RowKey
 from sinks import EventBatch, Setsum, Sink, SinkBackpressure, SinkTimeout
 from sinks.codec import EVENT_SCHEMA, encode_keys, encode_values, segment_digests
+
+if TYPE_CHECKING:
+    from agent._metrics import CaptureMetrics
 
 __all__ = ["Shipment", "Shipper", "ShippingBackpressure", "ShippingFailed"]
 
@@ -91,8 +94,11 @@ class Shipper:
 
     def __init__(self, sink: Sink, *, max_queue: int = 1024, linger: float = 0.002,
                  on_epoch: Callable[[EpochRecord], None] | None = None,
-                 backpressure_timeout: float = 30.0) -> None:
+                 backpressure_timeout: float = 30.0,
+                 metrics: CaptureMetrics | None = None) -> None:
         self._linger = linger
+        self._metrics = metrics
+        self.started_at = self.last_quiescent_at = time.monotonic()
         self._backpressure_timeout = backpressure_timeout
         # How long put() may wait for room; an event loop's thread sets 0 (never block
         # the loop: new batches are held back at open instead).
@@ -246,7 +252,7 @@ class Shipper:
                     elif item is _STOP:
                         stop = True
                 if flushes:  # one sink flush for the group's requests (group commit)
-                    self._call_sink(self._sink.flush, SinkTimeout)
+                    self._call_sink("flush", self._sink.flush, SinkTimeout)
                     for request in flushes:
                         request.finish(None)
                 if stop:
@@ -254,6 +260,8 @@ class Shipper:
             except BaseException as exc:  # the sink failed: keep what is left
                 self.error = exc
                 log.error("cdc.shipping_failed", error=repr(exc))
+                if self._metrics is not None:
+                    self._metrics.count_sink_error("fatal")
                 self._fail_remaining(items)
                 return
 
@@ -284,7 +292,8 @@ class Shipper:
             self._event_counts[shipment.epoch_seq] = (
                 self._event_counts.get(shipment.epoch_seq, 0) + len(shipment.events))
         batch = EventBatch(data)
-        self._call_sink(lambda: self._sink.write_events(batch), SinkBackpressure)
+        self._call_sink("write_events", lambda: self._sink.write_events(batch),
+                        SinkBackpressure)
         self.shipped_events += data.num_rows
 
     def _ship_epoch(self, record: EpochRecord) -> None:
@@ -304,16 +313,22 @@ class Shipper:
             Setsum.of_digests(digests).hexdigest() if digests else _EMPTY_SETSUM,
             record.stream,
         )
-        self._call_sink(lambda: self._sink.write_epoch(record), SinkBackpressure)
+        self._call_sink("write_epoch", lambda: self._sink.write_epoch(record),
+                        SinkBackpressure)
         self.shipped_epochs += 1
+        if record.quiescent:
+            self.last_quiescent_at = time.monotonic()
         if self._on_epoch is not None:
             self._on_epoch(record)
 
 
-    def _call_sink(self, call: Callable[[], None], retry: type[BaseException]) -> None:
+    def _call_sink(self, name: str, call: Callable[[], None],
+                   retry: type[BaseException]) -> None:
         """Make one sink call; while it raises ``retry`` (the sink is behind and took
         nothing), wait and make it again: writers slow down, capture does not stop."""
         delay, behind_since = 0.01, 0.0
+        metrics = self._metrics
+        started = time.perf_counter() if metrics is not None else 0.0
         while True:
             try:
                 call()
@@ -321,6 +336,8 @@ class Shipper:
                 if self._stopping:
                     raise  # shutting down: do not wait for the sink forever
                 self.sink_retries += 1
+                if metrics is not None:
+                    metrics.count_sink_error("retried")
                 if not behind_since:
                     behind_since = time.monotonic()
                     log.warning("cdc.sink_behind", error=repr(exc), queued=len(self._items))
@@ -329,6 +346,8 @@ class Shipper:
                 continue
             if behind_since:
                 log.info("cdc.sink_caught_up", waited=round(time.monotonic() - behind_since, 3))
+            if metrics is not None:
+                metrics.observe_sink_call(name, time.perf_counter() - started)
             return
 
 
