@@ -1,9 +1,10 @@
 """The record codec: the one definition of cdc-agent's bytes on the wire and on disk.
 
 Every sink and every reader (the Spark job included) encodes and decodes through this
-module. Layout, version 1:
+module. Layout, version 2 (version 1 is the same without kind 0x03; readers accept
+both, writers write 2):
 
-    message    := MAGIC "CDC" | version u8 (= 1) | kind u8 | payload
+    message    := MAGIC "CDC" | version u8 (1 or 2) | kind u8 | payload
     kind 0x01  EVENTS: payload is an Arrow IPC stream of record batches of
                EVENT_SCHEMA (below), uncompressed.
     kind 0x02  EPOCH: payload is, big-endian,
@@ -11,6 +12,27 @@ module. Layout, version 1:
                event_count u64 | flags u8 (bit 0 quiescent, bit 1 stream present) |
                stream u32 | setsum 32 bytes (the digest; zeros if not computed) |
                n_tables u16 | n x (name_len u16 | name utf-8 | count u64)
+    kind 0x03  SNAPSHOT (version 2): one chunk of a baseline snapshot, the present cells
+               of a range of rows as they were at one quiescence point. Big-endian:
+               domain_id u64 | epoch_seq u64 | end_id u64 | baseline_id u64 |
+               index u32 | flags u8 (bit 0: last chunk) | cell_count u64 |
+               setsum 32 bytes | lo bound | hi bound | Arrow IPC stream of SNAPSHOT_SCHEMA
+               bound := 0x00 (open: before everything / after everything)
+                      | 0x01 table_len u16 | table utf-8 | row_len u16 | tagged key
+                        (row_len 0: the start of that table)
+               The chunk holds every present cell of the rows r with lo <= r < hi in
+               row order: by table (code points), then int keys (numerically) before
+               str keys (code points). (epoch_seq, end_id) name the quiescence point
+               the cells were read at (0, 0: the domain's start). Chunks of one
+               baseline are numbered from 0 and tile the row space: chunk 0 has an open
+               lo, each lo is the previous hi, the last has an open hi. A consumer
+               applies a chunk right after that quiescence point: the rows of its range
+               then hold exactly its cells. ``setsum`` is the setsum of one item, the
+               chunk digest (``chunk_digest``), so a baseline's setsum is the sum of its
+               chunks'.
+
+    SNAPSHOT_SCHEMA: table utf8, row binary (tagged key), column utf8,
+                     value binary (tagged value, never ABSENT)
 
     EVENT_SCHEMA: domain_id uint64, batch_id uint64, seq uint32, table utf8,
                   row binary (tagged key), column utf8, old binary (tagged value),
@@ -55,9 +77,12 @@ from sinks._setsum import Setsum
 __all__ = [
     "EVENT_SCHEMA",
     "FORMAT_VERSION",
+    "SNAPSHOT_SCHEMA",
     "SEGMENT_BITS",
     "CodecError",
     "EventBatch",
+    "SnapshotChunk",
+    "chunk_digest",
     "decode",
     "decode_key",
     "decode_value",
@@ -65,15 +90,18 @@ __all__ = [
     "encode_events",
     "encode_key",
     "encode_keys",
+    "encode_snapshot",
     "encode_value",
     "encode_values",
     "segment_digests",
 ]
 
 MAGIC: Final = b"CDC"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+READABLE_VERSIONS: Final = (1, 2)
 KIND_EVENTS: Final = 0x01
 KIND_EPOCH: Final = 0x02
+KIND_SNAPSHOT: Final = 0x03
 SEGMENT_BITS: Final = 16
 _SEGMENT_MAGIC: Final = b"CDCSEG1\x00"
 
@@ -88,7 +116,7 @@ EVENT_SCHEMA: Final = pa.schema(
         pa.field("old", pa.binary(), nullable=False),
         pa.field("new", pa.binary(), nullable=False),
     ],
-    metadata={b"cdc-agent.format": str(FORMAT_VERSION).encode()},
+    metadata={b"cdc-agent.format": b"1"},  # the event schema itself is unchanged since 1
 )
 _VAR_COLUMNS: Final = ("table", "row", "column", "old", "new")
 
@@ -295,20 +323,25 @@ def encode_epoch(record: EpochRecord) -> bytes:
     return b"".join(parts)
 
 
-def decode(message: bytes | memoryview) -> EventBatch | EpochRecord:
+def decode(message: bytes | memoryview) -> EventBatch | EpochRecord | SnapshotChunk:
     """Decode one message, checking its magic and version."""
     raw = memoryview(message)
     if len(raw) < 5 or bytes(raw[:3]) != MAGIC:
         raise CodecError(f"not a cdc-agent message (starts {bytes(raw[:8])!r})")
     version, kind = raw[3], raw[4]
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CodecError(
-            f"message format version {version}; this reader knows version {FORMAT_VERSION}"
+            f"message format version {version}; this reader knows versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     if kind == KIND_EVENTS:
         return _decode_events(raw[5:])
     if kind == KIND_EPOCH:
         return _decode_epoch(raw[5:])
+    if kind == KIND_SNAPSHOT and version >= 2:
+        from sinks._snapshot_codec import decode_snapshot
+
+        return decode_snapshot(raw[5:])
     raise CodecError(f"unknown message kind {kind:#x}")
 
 
@@ -452,3 +485,13 @@ def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int,
 def digests_setsum(digests: Sequence[bytes]) -> Setsum:
     """The setsum of items given by their digests."""
     return Setsum().insert_digests(b"".join(digests))
+
+
+# -- snapshot chunks (kind 0x03; the layout lives in sinks._snapshot_codec) -------------
+
+from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above
+    SNAPSHOT_SCHEMA,
+    SnapshotChunk,
+    chunk_digest,
+    encode_snapshot,
+)
