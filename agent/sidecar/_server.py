@@ -291,6 +291,8 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
 
     async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
+        if type(request) is p.Health:
+            return self._health(request)
         if type(request) is p.Hello:
             if request.protocol != p.PROTOCOL_VERSION:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
@@ -331,6 +333,35 @@ class Sidecar(_Capture):
         assert type(request) is p.Flush
         await self._durable()
         return p.encode_reply(request.id)
+
+    def health_problem(self) -> str | None:
+        """Why the sidecar cannot capture now, or ``None`` when it can."""
+        shipper = self._shipper
+        if shipper.error is not None:
+            return (f"shipping to the sink failed ({shipper.error!r}); the log misses "
+                    "records from then on: restart the sidecar with a working sink")
+        if self.stopping.is_set():
+            return "the sidecar is shutting down"
+        if not shipper.alive:
+            return "the shipping thread is not running"
+        behind = shipper.behind_since
+        if behind is not None and time.monotonic() - behind > self._backpressure_timeout:
+            return (f"the sink has refused records for {time.monotonic() - behind:.0f}s "
+                    f"({shipper.pending()} queued); new batches are refused: check the "
+                    "sink (its store or brokers)")
+        return None
+
+    def _health(self, request: p.Health) -> bytes:
+        problem = self.health_problem()
+        if problem is not None:
+            raise p.ProtocolError(p.UNHEALTHY, problem)
+        shipper = self._shipper
+        return p.encode_reply(
+            request.id, healthy=True, open_batches=sum(len(c.batches) for c in
+                                                       self._connections),
+            connections=len(self._connections), queue_depth=shipper.pending(),
+            last_quiescence_age=round(time.monotonic() - shipper.last_quiescent_at, 3),
+            batches=self._batches_closed, events=shipper.shipped_events)
 
     async def _durable(self) -> None:
         """Wait, without blocking the loop, until every record handed to the shipper so
