@@ -92,6 +92,7 @@ SHIPPING_FAILED: Final = "shipping_failed"  # the sink failed; the log misses re
 BACKPRESSURE: Final = "backpressure"      # the sink is behind: no new batch for now
 UNHEALTHY: Final = "unhealthy"            # health: the sidecar cannot capture (says why)
 LINE_TOO_LONG: Final = "line_too_long"    # over the line limit; the connection closes
+MEMORY_LIMIT: Final = "memory_limit"      # the global request budget is spent; closes
 INTERNAL: Final = "internal"              # a sidecar bug (logged); the connection stays
 
 
