@@ -168,6 +168,9 @@ class Assembler:
         With ``defer``, only store it: ``drain()`` later verifies everything complete
         in one vectorised pass, which is much faster when intervals are small.
         """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure  # held back while the changesets before it were handed out
         if isinstance(record, ChangeEvent):
             domain = self._domain(record.domain_id)
             domain.loose.append(record)
@@ -206,8 +209,17 @@ class Assembler:
         ``position`` may run ahead of the changeset just yielded: store each
         changeset's ``position`` with the state it produced, as a replica does.
         """
-        for record in records:
-            self.feed(record, defer=True)
+        source = iter(records)
+        while True:
+            try:
+                self.feed(next(source), defer=True)
+            except StopIteration:
+                break
+            except Exception:
+                # The source (a damaged fragment, a lost connection) or a record failed:
+                # hand out every interval verified before it first, then raise its error.
+                yield from self._drain_then_raise()
+                raise
             if self._pending_events >= _BULK_EVENTS:
                 yield from self._drain_then_raise()
         yield from self._drain_then_raise()
@@ -237,15 +249,16 @@ class Assembler:
         it may not skip an epoch.
         """
         for domain in self._domains.values():
-            waiting = [r for r in domain.epochs.values() if r.quiescent]
+            waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]
             if waiting:
-                first = min(domain.epochs)
-                missing = next(s for s in range(domain.applied_seq + 1, first + 1)
-                               if s not in domain.epochs)
+                point = min(waiting)
+                # The first epoch not held between the last applied point and the first
+                # quiescence point held (one is missing, or that interval would be applied).
+                missing = next((s for s in range(domain.applied_seq + 1, point)
+                                if s not in domain.epochs), domain.applied_seq + 1)
                 raise InconsistentLog(
-                    f"epoch {missing} never arrived, but quiescence point "
-                    f"{min(r.epoch_seq for r in waiting)} after it did",
-                    domain_id=domain.domain_id, epoch_seq=missing)
+                    f"epoch {missing} never arrived, but quiescence point {point} after it "
+                    "did", domain_id=domain.domain_id, epoch_seq=missing)
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -293,9 +306,9 @@ class Assembler:
             while (changeset := self._advance(domain)) is not None:
                 done.append(changeset)
         except InconsistentLog as exc:
-            if not done or not bulk:
+            if not done:
                 raise
-            self._failure = exc  # raised after the good changesets are handed out
+            self._failure = exc  # raised by the next call, after the good changesets
         return done
 
     # -- one quiescent interval -------------------------------------------------------------

@@ -132,7 +132,12 @@ def decode_value(raw: bytes) -> Value | Absent:
         return ABSENT
     tag = raw[0]
     if tag == 0x04:
-        return raw[1:].decode()
+        try:
+            return bytes(raw[1:]).decode()
+        except UnicodeDecodeError as exc:
+            raise CodecError(
+                f"invalid tagged value {bytes(raw[:16])!r}: the str is not UTF-8 ({exc.reason})"
+            ) from None
     if tag == 0x02 and len(raw) == 9:
         return int(_I64.unpack_from(raw, 1)[0])
     if tag == 0x03 and len(raw) == 9:
@@ -308,17 +313,62 @@ def decode(message: bytes | memoryview) -> EventBatch | EpochRecord:
 
 
 def _decode_events(payload: memoryview) -> EventBatch:
+    """Read and fully validate an EVENTS payload: the bytes are untrusted, and Arrow's
+    cheap checks on read let a bad offset through to a crash in ``to_pylist``."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
-    except pa.ArrowInvalid as exc:
-        raise CodecError(f"corrupt EVENTS payload: {exc}") from exc
-    if not table.schema.equals(EVENT_SCHEMA):
-        raise CodecError(f"EVENTS payload has schema {table.schema}, not EVENT_SCHEMA")
-    batches = table.combine_chunks().to_batches()
-    data = batches[0] if batches else EVENT_SCHEMA.empty_table().to_batches(1)
-    if not isinstance(data, pa.RecordBatch):
-        data = pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+        if not table.schema.equals(EVENT_SCHEMA):
+            raise CodecError(f"EVENTS payload has schema {table.schema}, not EVENT_SCHEMA")
+        table.validate(full=True)  # offsets within their data, UTF-8 in the utf8 columns
+        batches = table.combine_chunks().to_batches()
+        data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+        _check_tags(data)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # CodecError is a ValueError
+        if isinstance(exc, CodecError):
+            raise
+        raise CodecError(f"corrupt EVENTS payload: {type(exc).__name__}: {exc}") from exc
     return EventBatch(data)
+
+
+def _check_tags(data: pa.RecordBatch) -> None:
+    """Refuse nulls, row keys that are not tagged keys and cells that are not tagged
+    values (so ``to_events`` and every reader of the columns can trust them)."""
+    for i, name in enumerate(EVENT_SCHEMA.names):
+        if data.column(i).null_count:
+            raise CodecError(f"EVENTS column {name!r} holds nulls")
+    for name in ("row", "old", "new"):
+        col = data.column(name)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1,
+                                offset=col.offset * 4).astype(np.int64)
+        raw = col.buffers()[2]
+        body = np.frombuffer(raw, dtype=np.uint8) if raw is not None else np.zeros(0, np.uint8)
+        lengths = offsets[1:] - offsets[:-1]
+        present = lengths > 0
+        tags = np.full(len(col), -1, dtype=np.int64)
+        tags[present] = body[offsets[:-1][present]]
+        second = np.full(len(col), -1, dtype=np.int64)
+        two = lengths >= 2
+        second[two] = body[offsets[:-1][two] + 1]
+        fixed = (tags == 0x02) | (tags == 0x03)
+        if name == "row":
+            ok = ((tags == 0x02) & (lengths == 9)) | (tags == 0x04)
+        else:
+            ok = (~present | ((tags == 0x00) & (lengths == 1))
+                  | ((tags == 0x01) & (lengths == 2) & ((second == 0) | (second == 1)))
+                  | (fixed & (lengths == 9)) | (tags == 0x04) | (tags == 0x05))
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            at = int(bad[0])
+            raise CodecError(f"EVENTS row {at}: {name} is not a tagged "
+                             f"{'key' if name == 'row' else 'value'}: "
+                             f"{col[at].as_py()[:16]!r}")
+        text = np.flatnonzero(tags == 0x04)
+        if len(text):  # the str payloads must be UTF-8, as decode_value will need
+            strings = pc.binary_slice(col.take(pa.array(text)), 1, 2**31 - 1)
+            try:
+                strings.cast(pa.utf8())
+            except pa.ArrowInvalid as exc:
+                raise CodecError(f"EVENTS column {name!r} holds a str that is not UTF-8") from exc
 
 
 def _decode_epoch(payload: memoryview) -> EpochRecord:

@@ -6,6 +6,7 @@ from sinks._protocol import SinkBackpressure, SinkError
 
 __all__ = [
     "AlreadyInitialized",
+    "CorruptCursor",
     "CorruptFragment",
     "CorruptGarbage",
     "CorruptLog",
@@ -46,6 +47,10 @@ class CorruptManifest(CorruptLog):
 
 class CorruptFragment(CorruptLog):
     """A fragment fails to parse or its contents do not match the manifest's setsum."""
+
+
+class CorruptCursor(CorruptLog):
+    """A cursor file is not valid cursor JSON, or points outside the log."""
 
 
 class CorruptGarbage(CorruptLog):
