@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Final
 
 import pyarrow as pa
@@ -27,7 +28,7 @@ def as_unsigned(column: Column) -> Column:
     """An int64 bit view of a uint64 as decimal(20,0): the unsigned value, ordered right
     across 2**63 (ids pass it in 2038)."""
     signed = column.cast("decimal(20,0)")
-    return F.when(column < 0, signed + F.lit(_TWO_64).cast("decimal(20,0)")).otherwise(
+    return F.when(column < 0, signed + F.lit(Decimal(_TWO_64))).otherwise(
         signed).cast("decimal(20,0)")
 
 

@@ -59,11 +59,9 @@ _EXPECTED: Final = pa.schema([
     pa.field("domain", pa.int64()), pa.field("epoch", pa.int64()), pa.field("q", pa.int64()),
     pa.field("begin_id", pa.decimal128(20, 0)), pa.field("end_id", pa.decimal128(20, 0)),
     pa.field("quiescent", pa.bool_()), pa.field("expected_events", pa.int64()),
+    pa.field("expected_tables", pa.list_(pa.struct([
+        pa.field("table", pa.string()), pa.field("events", pa.int64())]))),
     pa.field("setsum", pa.string()), *[pa.field(f"e{i}", pa.int64()) for i in range(8)],
-])
-_EXPECTED_TABLES: Final = pa.schema([
-    pa.field("domain", pa.int64()), pa.field("epoch", pa.int64()), pa.field("q", pa.int64()),
-    pa.field("table", pa.string()), pa.field("expected", pa.int64()),
 ])
 _POINTS: Final = pa.schema([
     pa.field("domain", pa.int64()), pa.field("q", pa.int64()),
@@ -183,10 +181,9 @@ class LogReplay:
     # -- verification -----------------------------------------------------------------------
 
     @cached_property
-    def _expected(self) -> tuple[DataFrame, DataFrame]:
+    def _expected(self) -> DataFrame:
         """Each epoch of a complete interval, as its record states it."""
         cols: dict[str, list[object]] = {f.name: [] for f in _EXPECTED}
-        tables: dict[str, list[object]] = {f.name: [] for f in _EXPECTED_TABLES}
         index = self.epochs.index()
         for domain_id, epochs in self.epochs.epochs.items():
             qs = index.domains[domain_id].q.tolist()
@@ -194,21 +191,18 @@ class LogReplay:
                 if q < 0:
                     continue  # the tail: not verified until its quiescence point comes
                 lanes = _lanes(record.setsum)
+                # Per-table counts are checked where the record has them (as the
+                # assembler does); sorted, to compare with Spark's sorted array.
+                tables = ([{"table": t, "events": n} for t, n in sorted(record.table_counts)]
+                          if record.table_counts and record.event_count else None)
                 for name, value in (("domain", _signed(domain_id)), ("epoch", record.epoch_seq),
                                     ("q", q), ("begin_id", record.begin_id),
                                     ("end_id", record.end_id), ("quiescent", record.quiescent),
                                     ("expected_events", record.event_count),
-                                    ("setsum", record.setsum),
+                                    ("expected_tables", tables), ("setsum", record.setsum),
                                     *((f"e{i}", lanes[i]) for i in range(8))):
                     cols[name].append(value)
-                if record.event_count and record.table_counts:
-                    for table, count in record.table_counts:
-                        for name, value in (("domain", _signed(domain_id)),
-                                            ("epoch", record.epoch_seq), ("q", q),
-                                            ("table", table), ("expected", count)):
-                            tables[name].append(value)
-        return (table_frame(self.spark, _EXPECTED, cols),
-                table_frame(self.spark, _EXPECTED_TABLES, tables))
+        return table_frame(self.spark, _EXPECTED, cols)
 
     @cached_property
     def _deduped(self) -> DataFrame:
@@ -227,23 +221,28 @@ class LogReplay:
     @cached_property
     def report(self) -> DataFrame:
         """One row per epoch of a complete interval: what its record says, what the log
-        holds (events, setsum), and ``ok``."""
-        expected, _ = self._expected
-        found = self._deduped.groupBy("domain", "epoch").agg(F.count("*").alias("events"))
+        holds (events, per table, setsum), and whether they agree."""
+        per_table = self._deduped.groupBy("domain", "epoch", "table").agg(
+            F.count("*").alias("events"))
+        found = per_table.groupBy("domain", "epoch").agg(
+            F.sum("events").alias("events"),
+            F.array_sort(F.collect_list(F.struct("table", "events"))).alias("tables"))
         sums = self._segments.groupBy("domain", "epoch").agg(
             *(F.sum(c).alias(c) for c in _LANES))
-        report = (expected.join(found, ["domain", "epoch"], "left")
+        report = (self._expected.join(found, ["domain", "epoch"], "left")
                   .join(sums, ["domain", "epoch"], "left")
                   .fillna(0, ["events", *_LANES]))
         setsum_ok = F.lit(True)
         for i, prime in enumerate(SETSUM_PRIMES):
             setsum_ok = setsum_ok & (F.pmod(F.col(f"l{i}"), F.lit(prime)) == F.col(f"e{i}"))
-        return report.select(
+        tables_ok = F.col("expected_tables").isNull() | F.coalesce(
+            F.col("expected_tables") == F.col("tables"), F.lit(False))
+        return self._persist(report.select(
             F.col("domain").alias("_domain"), F.col("epoch").alias("_epoch"),
             F.col("q").alias("_interval"), "begin_id", "end_id", "quiescent",
-            "expected_events", "events", "setsum",
+            "expected_events", "events", "expected_tables", "tables", "setsum",
             (F.col("events") == F.col("expected_events")).alias("count_ok"),
-            setsum_ok.alias("setsum_ok"))
+            tables_ok.alias("tables_ok"), setsum_ok.alias("setsum_ok")))
 
     @cached_property
     def _cells(self) -> DataFrame:
@@ -286,34 +285,19 @@ class LogReplay:
     @cached_property
     def _failures(self) -> dict[int, _Failure]:
         """The first failure of each domain (by interval), found in one Spark job."""
-        _, expected_tables = self._expected
-        found_tables = self._deduped.groupBy("domain", "epoch", "table").agg(
-            F.count("*").alias("found"))
-        table_bad = (expected_tables.join(
-            found_tables, ["domain", "epoch", "table"], "left").fillna(0, ["found"])
-            .filter(F.col("found") != F.col("expected"))
-            .select("domain", "epoch", "q", F.concat(
-                F.lit("per-table counts differ from the record's: table "), F.col("table"),
-                F.lit(" has "), F.col("found").cast("string"), F.lit(" events, the record says "),
-                F.col("expected").cast("string")).alias("message")))
-        # A table the record does not name (only where the record names tables).
-        named = expected_tables.select("domain", "epoch").distinct()
-        extra = (found_tables.join(named, ["domain", "epoch"], "left_semi")
-                 .join(expected_tables, ["domain", "epoch", "table"], "left_anti")
-                 .join(expected_tables.select("domain", "epoch", "q").distinct(),
-                       ["domain", "epoch"])
-                 .select("domain", "epoch", "q", F.concat(
-                     F.lit("per-table counts differ from the record's: table "),
-                     F.col("table"), F.lit(" has events the record does not count")
-                 ).alias("message")))
         r = self.report
-        epoch_bad = r.filter(~F.col("count_ok") | ~F.col("setsum_ok")).select(
+        epoch_bad = r.filter(
+            ~F.col("count_ok") | ~F.col("tables_ok") | ~F.col("setsum_ok")).select(
             F.col("_domain").alias("domain"), F.col("_epoch").alias("epoch"),
             F.col("_interval").alias("q"),
             F.when(~F.col("count_ok"), F.concat(
                 F.lit("the log holds "), F.col("events").cast("string"),
                 F.lit(" events of this epoch, its record says "),
                 F.col("expected_events").cast("string")))
+            .when(~F.col("tables_ok"), F.concat(
+                F.lit("per-table counts "), F.col("tables").cast("string"),
+                F.lit(" differ from the record's "),
+                F.col("expected_tables").cast("string")))
             .otherwise(F.concat(F.lit("setsum of the epoch's events differs from its "
                                       "record's "), F.col("setsum"),
                                 F.lit(" (an event was altered, lost or foreign)")))
@@ -328,8 +312,8 @@ class LogReplay:
         cells = self._cells.filter(F.col("why").isNotNull()).select(
             "domain", "epoch", "q", *CELL,
             F.concat(F.lit("cell state cannot be rebuilt: "), F.col("why")).alias("message"))
-        every = (table_bad.unionByName(extra).unionByName(epoch_bad)
-                 .unionByName(segment_bad).select("domain", "epoch", "q", *no_cell, "message")
+        every = (epoch_bad.unionByName(segment_bad)
+                 .select("domain", "epoch", "q", *no_cell, "message")
                  .unionByName(cells.select("domain", "epoch", "q", *CELL, "message")))
         first = every.groupBy("domain").agg(F.min_by(
             F.struct("epoch", "q", *CELL, "message"), F.struct("q", "epoch")).alias("f"))

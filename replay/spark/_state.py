@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 from sequencer import RowKey, Value
 from sinks.codec import decode_key, decode_value
 
-__all__ = ["to_state", "wide"]
+__all__ = ["TAGGED", "to_state", "wide"]
 
 Cell = tuple[str, RowKey, str]
 # sinks.codec tags -> the Spark type a column of only that tag (and None) becomes.
@@ -40,6 +40,7 @@ _TYPES: Final[dict[int, tuple[DataType, pa.DataType]]] = {
     0x05: (BinaryType(), pa.binary()),
 }
 _NONE_TAG: Final = 0x00
+TAGGED: Final = "cdc-agent.tagged"
 
 
 def to_state(df: DataFrame) -> dict[Cell, Value]:
@@ -67,7 +68,8 @@ def wide(snapshot: DataFrame, table: str) -> DataFrame:
 
     A column whose values have one type (None aside) gets that type (boolean, bigint,
     double, string, binary; NaN payloads and -0.0 are kept). A column mixing types keeps
-    the tagged bytes (``sinks.codec.decode_value`` reads them). A missing cell and a
+    the tagged bytes (``sinks.codec.decode_value`` reads them; the field's metadata
+    has ``"cdc-agent.tagged": true``). A missing cell and a
     ``None`` value are both null here; the long form (``snapshot``) tells them apart.
     The row key column ``_row`` is bigint or string (tagged bytes if the table mixes).
     """
@@ -81,12 +83,19 @@ def wide(snapshot: DataFrame, table: str) -> DataFrame:
     row_type = _TYPES[row_tags.pop()] if len(row_tags) == 1 else None
     pivoted = (cells.withColumnRenamed("row", "__row").groupBy("__row")
                .pivot("column", list[Any](columns)).agg(F.first("value")))
-    fields = [StructField("_row", (row_type or (BinaryType(), None))[0])]
-    fields += [StructField(c, (types[c] or (BinaryType(), None))[0]) for c in columns]
+    fields = [_field("_row", row_type)] + [_field(c, types[c]) for c in columns]
     arrow_types = [None if row_type is None else row_type[1]]
     arrow_types += [None if types[c] is None else types[c][1] for c in columns]  # type: ignore[index]
     return pivoted.select("__row", *columns).mapInArrow(
         _decoder(arrow_types, key_first=True), StructType(fields))
+
+
+def _field(name: str, kind: tuple[DataType, pa.DataType] | None) -> StructField:
+    """A typed column, or tagged bytes marked ``{"cdc-agent.tagged": true}`` in its
+    metadata (decode them with ``sinks.codec.decode_value``)."""
+    if kind is None:
+        return StructField(name, BinaryType(), metadata={TAGGED: True})
+    return StructField(name, kind[0])
 
 
 def _decoder(types: list[pa.DataType | None], *, key_first: bool
