@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "agent._cli_log",  # cdc-agent log inspect|scrub|verify|gc (wal3)
     "agent._cli_tail",  # cdc-agent tail kafka (Kafka)
     "agent._cli_sidecar",  # cdc-agent sidecar
+    "agent._cli_spark",  # cdc-agent spark snapshot|changesets|verify (Spark)
 )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
+from replay.spark._output import applied_frontier, write_changesets, write_state
 from replay.spark._replay import LogReplay
 from replay.spark._state import to_state, wide
 
@@ -28,12 +29,15 @@ if TYPE_CHECKING:
 __all__ = [
     "LogReplay",
     "UnsupportedRecord",
+    "applied_frontier",
     "changesets",
     "events",
     "snapshot",
     "to_state",
     "verify",
     "wide",
+    "write_changesets",
+    "write_state",
 ]
 
 At = str | Position | Frontier | None

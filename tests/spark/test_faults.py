@@ -150,7 +150,7 @@ def test_an_altered_duplicate_is_refused(open_log: Any, base: list[Message]) -> 
     assert isinstance(batch, EventBatch)
     records = [*base[:i + 1], _replace_row(batch, row, "new", b"\x02" + bytes(8)),
                *base[i + 1:]]
-    with pytest.raises(InconsistentLog, match="two different copies|chain|setsum|replace"):
+    with pytest.raises(InconsistentLog, match=r"two different copies|chain|setsum|replace"):
         open_log(records).verify()
 
 

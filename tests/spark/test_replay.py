@@ -112,7 +112,7 @@ def test_events_carry_metadata_and_ids_past_2_63(replay: LogReplay, logged: Logg
     assert ids[0] < 1 << 63 <= ids[-1] < 1 << 64
     assert ids == sorted(ids)
     assert isinstance(e.select("_batch_id").first()[0], Decimal)
-    ops = e.filter((e["_op"] == "c")).select("old").distinct().collect()
+    ops = e.filter(e["_op"] == "c").select("old").distinct().collect()
     assert [bytes(r[0]) for r in ops] == [encode_value(ABSENT)]
 
 
