@@ -57,10 +57,14 @@ def _say(text: str) -> None:
     print(f"cdc-agent spark: {text}", file=sys.stderr, flush=True)
 
 
-def _session(args: argparse.Namespace) -> Any:
+def _session(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The SparkSession, and whether we started it (a running one is reused, not stopped)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
     builder = (SparkSession.builder.master(args.master).appName("cdc-agent spark")
                .config("spark.ui.showConsoleProgress", "false"))
     for item in args.conf:
@@ -68,7 +72,7 @@ def _session(args: argparse.Namespace) -> Any:
         if not sep:
             raise SystemExit(f"cdc-agent spark: --conf {item!r} is not KEY=VALUE")
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return builder.getOrCreate(), True
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -81,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     _say(f"starting Spark ({args.master})")
-    spark = _session(args)
+    spark, ours = _session(args)
     _say(f"Spark up in {time.monotonic() - started:.1f} s; reading {args.uri}")
     try:
         replay = LogReplay(spark, args.uri, prefix=args.prefix,
@@ -107,6 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         _say(f"cannot replay {args.uri}: {type(exc).__name__}: {exc}")
         return 2
     finally:
-        spark.stop()
+        if ours:
+            spark.stop()
     _say(f"done in {time.monotonic() - started:.1f} s")
     return 0
