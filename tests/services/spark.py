@@ -68,9 +68,19 @@ def start_session(master: str = "local[2]", *, shuffle_partitions: int = 4,
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The test session's SparkSession (local[2]); stopped at the end of the session."""
+    """The test session's SparkSession (local[2]); stopped at the end of the session.
+
+    Python workers inherit the environment the JVM started with, so the S3 server's fake
+    credentials are set before it starts (tests never talk to real AWS).
+    """
+    from tests.services.s3 import FAKE_CREDENTIALS
+
+    patch = pytest.MonkeyPatch()
+    for name, value in FAKE_CREDENTIALS.items():
+        patch.setenv(name, value)
     session = start_session()
     try:
         yield session
     finally:
         session.stop()
+        patch.undo()

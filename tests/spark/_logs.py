@@ -69,16 +69,18 @@ class Logged:
     def domain_state(self, domain_id: int, state: dict[Cell, bytes]) -> dict[Cell, bytes]:
         return {c: v for c, v in state.items() if c[0] in self.tables[domain_id]}
 
-    def python_snapshots(self) -> list[Snapshot]:
-        return list(Assembler().replay(read_log(self.uri)))
+    def python_snapshots(self, endpoint_url: str | None = None) -> list[Snapshot]:
+        return list(Assembler().replay(read_log(self.uri, endpoint_url=endpoint_url)))
 
 
 def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 150,
               rows: int = 120, seed: int = 0,
-              ids: Callable[[int], MonotonicIds | None] = lambda d: None) -> Logged:
-    """Run ``domains`` Agents concurrently into a wal3 log at ``path``."""
-    uri = f"file://{path}"
-    sink = Wal3Sink(uri, options=WriterOptions(batch_interval=0.002))
+              ids: Callable[[int], MonotonicIds | None] = lambda d: None,
+              uri: str | None = None, endpoint_url: str | None = None) -> Logged:
+    """Run ``domains`` Agents concurrently into a wal3 log at ``path`` (or ``uri``)."""
+    uri = uri or f"file://{path}"
+    sink = Wal3Sink(uri, endpoint_url=endpoint_url,
+                    options=WriterOptions(batch_interval=0.002))
     shared = SharedSink(sink)
     store = MemoryStore()
     logged = Logged(uri, path, {})
