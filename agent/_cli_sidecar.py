@@ -38,8 +38,28 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="on shutdown, how long open batches may take to close before "
                              "the sidecar closes them (default 5)")
+    parser.add_argument("--socket-mode", type=_octal_mode, default=None, metavar="MODE",
+                        help="permissions of the socket file, in octal (default 660: the "
+                             "sidecar's user and group may connect; 666: every user)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics over HTTP on this port (GET "
+                             "/metrics; 0 picks a free one); needs the metrics extra")
+    parser.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDRESS",
+                        help="the address the metrics server listens on (default "
+                             "127.0.0.1: this host only; 0.0.0.0 for every interface)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     parser.set_defaults(run=run)
+
+
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text.removeprefix("0o"), 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 660"
+                                         ) from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a permission mode (000 to 777)")
+    return mode
 
 
 def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink]:
@@ -56,9 +76,8 @@ def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent._agent import QuiescenceTimeout
-    from agent._shipper import ShippingFailed
-    from agent.sidecar import Sidecar, SidecarAddressInUse
+    from agent.sidecar import Sidecar
+    from agent.sidecar._server import SOCKET_MODE
 
     configure_logging(args.verbose)
     if args.grace < 0:
@@ -76,15 +95,49 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
         return 2
+    metrics_server = None
+    if args.metrics_port is not None:
+        try:
+            from agent._metrics import CaptureMetrics, serve_metrics
+
+            options["metrics"] = CaptureMetrics()
+            metrics_server = serve_metrics(options["metrics"], args.metrics_port,
+                                           args.metrics_address)
+        except ImportError as exc:
+            sink.close()
+            print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            sink.close()
+            print(f"cdc-agent sidecar: cannot serve metrics on {args.metrics_address}:"
+                  f"{args.metrics_port}: {exc.strerror or exc}; choose another "
+                  "--metrics-port or --metrics-address", file=sys.stderr)
+            return 2
     sidecar = Sidecar(sink, grace_period=args.grace, **options)
 
     def started() -> None:
-        print(f"cdc-agent sidecar: listening on {args.socket}, log at {destination}",
+        where = ("" if metrics_server is None else
+                 f", metrics at http://{metrics_server.address}:{metrics_server.port}/metrics")
+        print(f"cdc-agent sidecar: listening on {args.socket}, log at {destination}{where}",
               file=sys.stderr, flush=True)
 
     try:
-        asyncio.run(sidecar.serve(args.socket, started=started, handle_signals=True))
-    except SidecarAddressInUse as exc:
+        return _serve(args, sidecar, started, SOCKET_MODE)
+    finally:
+        if metrics_server is not None:
+            metrics_server.stop()
+
+
+def _serve(args: argparse.Namespace, sidecar: Any, started: Any, default_mode: int) -> int:
+    from agent._agent import QuiescenceTimeout
+    from agent._shipper import ShippingFailed
+    from agent.sidecar import SidecarSocketError
+
+    try:
+        asyncio.run(sidecar.serve(args.socket, started=started, handle_signals=True,
+                                  socket_mode=(default_mode if args.socket_mode is None
+                                               else args.socket_mode)))
+    except SidecarSocketError as exc:
         sidecar.close()
         print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay._baseline import Baselines
 from replay._bulk import BrokenChain, cancel_out
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
@@ -36,6 +37,7 @@ from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks import EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
+    SnapshotChunk,
     decode_key,
     decode_value,
     encode_key,
@@ -142,6 +144,8 @@ class Assembler:
         self._pending_events = 0
         self._failure: InconsistentLog | None = None
         self.late_duplicates = 0
+        # Snapshot chunks (replay._baseline): a consumer given no state learns it there.
+        self._baselines = Baselines(fresh=initial_state is None and position is None)
         if isinstance(position, str):
             position = Frontier.parse(position)
         if isinstance(position, Position):
@@ -161,13 +165,16 @@ class Assembler:
         """A decoded copy of the state at the last verified quiescence point."""
         return {_decode_cell(k): decode_value(v) for k, v in self._state.items()}  # type: ignore[misc]
 
-    def feed(self, record: ChangeEvent | EpochRecord | EventBatch, *,
+    def feed(self, record: ChangeEvent | EpochRecord | EventBatch | SnapshotChunk, *,
              defer: bool = False) -> list[Changeset]:
         """Take one record; return the changesets it completed (often none).
 
         With ``defer``, only store it: ``drain()`` later verifies everything complete
         in one vectorised pass, which is much faster when intervals are small.
         """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure  # held back while the changesets before it were handed out
         if isinstance(record, ChangeEvent):
             domain = self._domain(record.domain_id)
             domain.loose.append(record)
@@ -181,6 +188,8 @@ class Assembler:
             if not self._store_epoch(record) or defer:
                 return []
             return self._drain_domain(self._domains[record.domain_id], bulk=False)
+        if isinstance(record, SnapshotChunk):
+            return self._baselines.feed(self, record, defer=defer)
         raise TypeError(f"cannot assemble a {type(record).__name__}")
 
     def drain(self) -> list[Changeset]:
@@ -198,7 +207,8 @@ class Assembler:
         self._pending_events = 0
         return done
 
-    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
+    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch
+                                           | SnapshotChunk]
                    ) -> Iterator[Changeset]:
         """Feed every record; yield each changeset once verified (in bulk, for speed).
 
@@ -206,14 +216,23 @@ class Assembler:
         ``position`` may run ahead of the changeset just yielded: store each
         changeset's ``position`` with the state it produced, as a replica does.
         """
-        for record in records:
-            self.feed(record, defer=True)
+        source = iter(records)
+        while True:
+            try:
+                self.feed(next(source), defer=True)
+            except StopIteration:
+                break
+            except Exception:
+                # The source (a damaged fragment, a lost connection) or a record failed:
+                # hand out every interval verified before it first, then raise its error.
+                yield from self._drain_then_raise()
+                raise
             if self._pending_events >= _BULK_EVENTS:
                 yield from self._drain_then_raise()
         yield from self._drain_then_raise()
         self.check_gaps()
 
-    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
+    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
                ) -> Iterator[Snapshot]:
         """Like ``changesets``, but yield the whole state at every quiescence point."""
         state = self.state
@@ -236,16 +255,18 @@ class Assembler:
         A log may end in the middle of an interval (its tail is still being written);
         it may not skip an epoch.
         """
+        self._baselines.check_held()
         for domain in self._domains.values():
-            waiting = [r for r in domain.epochs.values() if r.quiescent]
+            waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]
             if waiting:
-                first = min(domain.epochs)
-                missing = next(s for s in range(domain.applied_seq + 1, first + 1)
-                               if s not in domain.epochs)
+                point = min(waiting)
+                # The first epoch not held between the last applied point and the first
+                # quiescence point held (one is missing, or that interval would be applied).
+                missing = next((s for s in range(domain.applied_seq + 1, point)
+                                if s not in domain.epochs), domain.applied_seq + 1)
                 raise InconsistentLog(
-                    f"epoch {missing} never arrived, but quiescence point "
-                    f"{min(r.epoch_seq for r in waiting)} after it did",
-                    domain_id=domain.domain_id, epoch_seq=missing)
+                    f"epoch {missing} never arrived, but quiescence point {point} after it "
+                    "did", domain_id=domain.domain_id, epoch_seq=missing)
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -282,6 +303,8 @@ class Assembler:
         return True
 
     def _drain_domain(self, domain: _Domain, *, bulk: bool) -> list[Changeset]:
+        if self._baselines.wants(domain.domain_id):
+            return self._baselines.drain(self, domain)
         done: list[Changeset] = []
         if bulk:
             run = self._complete_run(domain)
@@ -293,9 +316,11 @@ class Assembler:
             while (changeset := self._advance(domain)) is not None:
                 done.append(changeset)
         except InconsistentLog as exc:
-            if not done or not bulk:
+            if self._baselines.hold(domain.domain_id, exc):
+                return done  # a fresh consumer waits for a baseline (replay._baseline)
+            if not done:
                 raise
-            self._failure = exc  # raised after the good changesets are handed out
+            self._failure = exc  # raised by the next call, after the good changesets
         return done
 
     # -- one quiescent interval -------------------------------------------------------------

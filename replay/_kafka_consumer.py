@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
 
 from replay._assembler import Assembler, Cell, Changeset
+from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
 from replay._position import Frontier, Position
 from sequencer import Value
@@ -82,6 +83,7 @@ class KafkaConsistentConsumer:
         }
         settings.update(config or {})
         self._fatal: str | None = None
+        self._failure: InconsistentLog | KafkaSinkError | None = None
         self._consumer = ck.Consumer(settings)
         try:
             self._start(position, encoding, initial_state, startup_timeout)
@@ -126,7 +128,7 @@ class KafkaConsistentConsumer:
             tokens = {tp.metadata for tp in committed if tp.offset >= 0 and tp.metadata}
             if len(tokens) > 1:
                 log.warning("kafka_commit_tokens_differ", group=self.group_id, tokens=tokens)
-            position = max(tokens, key=len) if tokens else None
+            position = furthest(tokens)
         # The assembler checks every chain of events against the state it holds, so a
         # resumed position needs the state it stands for. Without one, rebuild it: read
         # from the beginning and keep quiet up to the position.
@@ -159,22 +161,31 @@ class KafkaConsistentConsumer:
 
     def poll(self, timeout: float = 1.0, max_messages: int = 10_000) -> list[Changeset]:
         """Read what is available (waiting up to ``timeout``); return new changesets."""
+        if self._failure is not None:
+            raise self._failure  # the log broke there: nothing after it can be verified
         if self._fatal is not None:
             raise KafkaSinkError(f"the Kafka consumer hit a fatal error: {self._fatal}")
         messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
         feed = self.log.feed
-        for message in messages:
-            err = message.error()
-            if err is not None:
-                if err.code() == self._ck.KafkaError._PARTITION_EOF:
+        try:
+            for message in messages:
+                err = message.error()
+                if err is not None:
+                    if err.code() == self._ck.KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():
+                        raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
+                    log.warning("kafka_consume_error", error=err.str())
                     continue
-                if err.fatal():
-                    raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
-                log.warning("kafka_consume_error", error=err.str())
-                continue
-            out.extend(feed(message.partition(), message.offset(), message.key(),
-                            message.value(), message.headers()))
+                out.extend(feed(message.partition(), message.offset(), message.key(),
+                                message.value(), message.headers()))
+        except (InconsistentLog, KafkaSinkError) as exc:
+            # Hand out the changesets verified before the damage; raise from the next poll
+            # on (the consumer cannot move past it).
+            self._failure = exc
+            if not out:
+                raise
         if self._hide is not None and out:
             out = self._drop_hidden(out)
         return out
@@ -261,6 +272,24 @@ class KafkaConsistentConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def furthest(tokens: Iterable[str]) -> Frontier | None:
+    """The furthest of the position tokens committed with the partitions' offsets.
+
+    Partitions committed by different commits (one failed half way) carry different
+    tokens; each partition's offset is at or before where its own token stands, so the
+    furthest position per domain is the one to resume from (re-read events of applied
+    epochs are dropped as duplicates; an older position would apply some twice).
+    A token that does not parse is refused with ``InvalidPosition``.
+    """
+    best: dict[int, Position] = {}
+    for token in tokens:
+        for position in Frontier.parse(token):
+            held = best.get(position.domain_id)
+            if held is None or position.epoch_seq > held.epoch_seq:
+                best[position.domain_id] = position
+    return Frontier(best) if best else None
 
 
 def _frontier(position: str | Position | Frontier) -> Frontier:

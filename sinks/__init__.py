@@ -6,7 +6,7 @@ Optional back ends (``sinks.wal3``, ``sinks.kafka``) import their drivers lazily
 """
 
 from sinks._memory import MemorySink, RecordingSink
-from sinks._protocol import Sink, SinkClosed, SinkError, SinkTimeout
+from sinks._protocol import Sink, SinkBackpressure, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
 from sinks.codec import EventBatch
 
@@ -16,6 +16,7 @@ __all__ = [
     "RecordingSink",
     "Setsum",
     "Sink",
+    "SinkBackpressure",
     "SinkClosed",
     "SinkError",
     "SinkTimeout",

@@ -30,15 +30,19 @@ from typing import Final
 import structlog
 
 from agent._agent import AgentClosed, QuiescenceTimeout, _Batch, _Capture
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
 
-__all__ = ["Sidecar", "SidecarAddressInUse"]
+__all__ = ["SOCKET_MODE", "Sidecar", "SidecarAddressInUse", "SidecarSocketError"]
 
 log = structlog.get_logger()
 
 MAX_LINE: Final = 16 << 20  # bytes per request line; longer ends the connection
+# Owner and group may connect (connecting needs write permission on the socket file):
+# put the clients' users in the sidecar's group, or pass socket_mode=0o666.
+SOCKET_MODE: Final = 0o660
+_MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final NUL
 
 
 class _Reader(asyncio.StreamReader):
@@ -57,7 +61,11 @@ class _Reader(asyncio.StreamReader):
             super().set_exception(exc)
 
 
-class SidecarAddressInUse(OSError):
+class SidecarSocketError(OSError):
+    """The socket path cannot be listened on; the message says why and what to do."""
+
+
+class SidecarAddressInUse(SidecarSocketError):
     """Another sidecar already listens on the socket path."""
 
 
@@ -66,6 +74,7 @@ class _Connection:
     number: int
     client: str = ""
     greeted: bool = False
+    durable: bool = False  # closes answer once durable in the sink (hello's "durable")
     batches: dict[str, _Batch] = field(default_factory=dict)
 
 
@@ -81,6 +90,7 @@ class Sidecar(_Capture):
     def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
                  **options: object) -> None:
         super().__init__(sink, **options)  # type: ignore[arg-type]
+        self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
         self.grace_period = grace_period
         self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
@@ -95,11 +105,14 @@ class Sidecar(_Capture):
 
     async def serve(self, socket_path: str | os.PathLike[str], *,
                     started: Callable[[], None] | None = None,
-                    handle_signals: bool = False) -> None:
+                    handle_signals: bool = False, socket_mode: int = SOCKET_MODE) -> None:
         """Listen on ``socket_path`` until ``stop()``, then shut down gracefully.
 
         A stale socket file (nothing listening) is replaced; a live one raises
-        ``SidecarAddressInUse``. ``started()`` runs once the socket accepts connections.
+        ``SidecarAddressInUse``, a path that cannot be a socket ``SidecarSocketError``.
+        The socket file gets ``socket_mode`` (default 0o660: owner and group may
+        connect) before it accepts connections. ``started()`` runs once the socket
+        accepts connections.
 
         Shutdown order:
         # Step 1. Stop accepting connections.
@@ -121,7 +134,14 @@ class Sidecar(_Capture):
             reader = _Reader(limit=self.max_line, loop=loop)
             return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
 
-        server = await loop.create_unix_server(connection_protocol, path=str(path))
+        listener = _bind(path, socket_mode)
+        try:
+            server = await loop.create_unix_server(connection_protocol, sock=listener)
+        except BaseException:
+            listener.close()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
         inode = path.stat().st_ino
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -250,6 +270,10 @@ class Sidecar(_Capture):
             request = p.parse_request(line)
         except p.ProtocolError as exc:
             return p.encode_error(exc.request_id, exc.code, exc.message)
+        except Exception as exc:  # a parser bug: still one reply, the connection stays
+            log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            return p.encode_error(None, p.INTERNAL, f"the sidecar failed to parse the "
+                                  f"request: {exc!r}")
         try:
             return await self._handle(connection, request)
         except p.ProtocolError as exc:
@@ -260,6 +284,8 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
         except ShippingFailed as exc:
             return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
+        except ShippingBackpressure as exc:
+            return p.encode_error(request.id, p.BACKPRESSURE, str(exc))
         except Exception as exc:  # a sidecar bug: answer it, keep the connection
             log.exception("cdc.sidecar_internal_error", connection=connection.number)
             return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
@@ -272,6 +298,7 @@ class Sidecar(_Capture):
                                       f"sidecar speaks {p.PROTOCOL_VERSION}")
             connection.greeted = True
             connection.client = request.client
+            connection.durable = request.durable
             return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
@@ -296,10 +323,37 @@ class Sidecar(_Capture):
             if type(request) is p.Close:
                 del connection.batches[request.batch]
                 self._close_batch(target)
+                durable = connection.durable if request.durable is None else request.durable
+                if durable:  # answer once the batch's records are durable in the sink
+                    await self._durable()
+                    return p.encode_reply(request.id, events=count, durable=True)
             return p.encode_reply(request.id, events=count)
         assert type(request) is p.Flush
-        await asyncio.get_running_loop().run_in_executor(None, self.flush)
+        await self._durable()
         return p.encode_reply(request.id)
+
+    async def _durable(self) -> None:
+        """Wait, without blocking the loop, until every record handed to the shipper so
+        far is durable in the sink (concurrent waits share one sink flush)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(ShippingFailed(
+                    f"shipping to the sink failed ({error!r}); the records of this batch "
+                    "may not be durable"))
+
+        def flushed(error: BaseException | None) -> None:  # on the shipping thread
+            with contextlib.suppress(RuntimeError):  # the loop ended: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        self._shipper.request_flush(flushed)
+        await done
 
     def _close_batch(self, batch: _Batch) -> None:
         self._close(batch)
@@ -322,12 +376,50 @@ class Sidecar(_Capture):
                     batches=sorted(batches), events=events)
 
 
+def _bind(path: Path, mode: int) -> socket.socket:
+    """A Unix socket bound at ``path`` with ``mode``, not yet listening (so no client
+    connects before the mode is set)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+    except FileNotFoundError:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: the folder "
+                                 f"{path.parent} does not exist; create it first") from None
+    except PermissionError:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: no permission to write "
+                                 f"in {path.parent}; choose a folder this user can write "
+                                 "(or fix its permissions)") from None
+    except OSError as exc:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: {exc.strerror or exc}"
+                                 ) from exc
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise SidecarSocketError(f"cannot set mode {mode:o} on the socket {path}: "
+                                 f"{exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
 def _remove_stale_socket(path: Path) -> None:
     """Remove a socket file nobody listens on; refuse a live one or a non-socket."""
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise SidecarSocketError(f"socket path {path} is {len(os.fsencode(path))} bytes; "
+                                 f"Unix sockets allow at most {_MAX_SOCKET_PATH}: choose a "
+                                 "shorter path (e.g. under /run or /tmp)")
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
         return
+    except OSError as exc:  # a parent is not a folder, or may not be searched
+        raise SidecarSocketError(f"cannot use the socket path {path}: "
+                                 f"{exc.strerror or exc}") from exc
     if not stat.S_ISSOCK(mode):
         raise SidecarAddressInUse(f"{path} exists and is not a socket; choose another path "
                                   "or remove it")
@@ -337,5 +429,9 @@ def _remove_stale_socket(path: Path) -> None:
         except (ConnectionRefusedError, FileNotFoundError):
             path.unlink(missing_ok=True)  # stale: its sidecar is gone
             return
+        except PermissionError:
+            raise SidecarSocketError(f"the socket {path} exists and this user may not "
+                                     "connect to it (another user's sidecar?); choose "
+                                     "another --socket") from None
     raise SidecarAddressInUse(f"a sidecar already listens on {path}; stop it first or "
                               "choose another --socket")
