@@ -50,8 +50,8 @@ class SharedSink:
 
 
 def ids_crossing_2_63(step_ns: int = 1_000_000) -> MonotonicIds:
-    """Ids that start half a second before 2**63 (January 2038) and cross it."""
-    start = ((1 << 31) * 1_000_000_000) - 500_000_000
+    """Ids that start 20 ms before 2**63 (January 2038) and soon cross it."""
+    start = ((1 << 31) * 1_000_000_000) - 20_000_000
     ticks = itertools.count()
     return MonotonicIds(boottime_ns=lambda: start + next(ticks) * step_ns,
                         realtime_ns=lambda: start)
