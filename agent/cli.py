@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "agent._cli_tail",  # cdc-agent tail kafka (Kafka)
     "agent._cli_sidecar",  # cdc-agent sidecar
     "agent._cli_health",  # cdc-agent health (probes a sidecar)
+    "agent._cli_spark",  # cdc-agent spark snapshot|changesets|verify (Spark)
 )
 
 
