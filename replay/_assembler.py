@@ -108,6 +108,13 @@ class Changeset:
             position = self._position = position.at(self._index, self._epoch_seq)
         return position
 
+    def _end_id(self) -> int:
+        """The position's end id, without building the position."""
+        position = self._position
+        if isinstance(position, Position):
+            return position.end_id
+        return position.end_ids[self._index]
+
     def _slice(self, column: list[bytes]) -> list[bytes]:
         bounds = self._net.bounds
         return column[bounds[self._index]:bounds[self._index + 1]]

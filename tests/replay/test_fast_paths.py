@@ -234,11 +234,13 @@ def test_segment_digest_array_matches_the_layout(
           "column": "c", "old": o, "new": w} for (d, b, s), (t, o, w) in events],
         schema=codec.EVENT_SCHEMA)
     want = _spec_digests(data)
-    original = codec._ITEM_ROWS
+    original, small = codec._ITEM_ROWS, codec._SMALL_ROWS
     codec._ITEM_ROWS = piece  # type: ignore[misc]
+    codec._SMALL_ROWS = piece % 3 * 10  # type: ignore[misc]
     try:
         starts, digests = segment_digest_array(data)
         assert list(segment_digests(data)) == want
     finally:
         codec._ITEM_ROWS = original  # type: ignore[misc]
+        codec._SMALL_ROWS = small  # type: ignore[misc]
     assert [digests[32 * k:32 * k + 32] for k in range(len(starts))] == [d for *_, d in want]
