@@ -8,6 +8,7 @@ from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
 from agent._baseline import BaselineReport, CellChunk, ListableStore, SnapshotProgress
 from agent._config import Config, ConfigError, load_config
+from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
 from agent._postgres_spec import (
     PostgresError,
     SchemaMismatch,
@@ -16,7 +17,7 @@ from agent._postgres_spec import (
     WriteOutcomeUnknown,
 )
 from agent._postgres_store import AsyncPostgresStore, PostgresStore
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import AsyncMemoryStore, AsyncRelaxedStore, MemoryStore, RelaxedStore
 from sequencer import ABSENT, InvalidWrite
 
@@ -29,6 +30,7 @@ __all__ = [
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
     "BaselineReport",
+    "CaptureMetrics",
     "CellChunk",
     "Config",
     "ConfigError",
@@ -40,10 +42,14 @@ __all__ = [
     "QuiescenceTimeout",
     "RelaxedStore",
     "SchemaMismatch",
+    "ShippingBackpressure",
     "ShippingFailed",
     "SnapshotProgress",
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",
+    "kafka_consumer_lag",
     "load_config",
+    "serve_metrics",
+    "wal3_cursor_lag",
 ]

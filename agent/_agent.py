@@ -44,6 +44,9 @@ from sequencer import (
 )
 from sinks import Sink
 
+if TYPE_CHECKING:
+    from agent._metrics import CaptureMetrics
+
 __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
 
 log = structlog.get_logger()
@@ -111,6 +114,8 @@ class _Capture:
         max_quiescence_interval: float | None = None,
         quiescence_wait_timeout: float = 60.0,
         max_queue: int = 1024,
+        backpressure_timeout: float = 30.0,
+        metrics: CaptureMetrics | None = None,
     ) -> None:
         self.domain_id = domain_id if domain_id is not None else new_domain_id()
         self._sink = sink
@@ -127,7 +132,11 @@ class _Capture:
         )
         self._current: ContextVar[_Batch | None] = ContextVar(
             f"cdc_batch_{self.domain_id:x}", default=None)
-        self._shipper = Shipper(sink, max_queue=max_queue)
+        self._shipper = Shipper(sink, max_queue=max_queue,
+                                backpressure_timeout=backpressure_timeout, metrics=metrics)
+        self._max_queue = max_queue
+        self._batches_closed = 0
+        self._backpressure_timeout = backpressure_timeout
         self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -139,6 +148,9 @@ class _Capture:
         self._last_point = (0, 0)
         self._snapshot_lock = threading.Lock()
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.attach(self)
         _open_agents.add(self)
         log.info("cdc.agent_started", domain_id=f"{self.domain_id:016x}")
 
@@ -193,10 +205,26 @@ class _Capture:
     def shipping_error(self) -> BaseException | None:
         return self._shipper.error
 
+    def _metric_counts(self) -> dict[str, float]:
+        """What ``CaptureMetrics`` reports for this agent, read at scrape time."""
+        shipper = self._shipper
+        depth = shipper.pending()
+        return {"batches": self._batches_closed, "events": shipper.shipped_events,
+                "epochs": shipper.shipped_epochs, "queue_depth": depth,
+                "backlogged": float(depth > self._max_queue),
+                "quiescence_age": time.monotonic() - shipper.last_quiescent_at}
+
+    def _snapshot_progress(self, table: str, rows: int, *, expected: int | None = None,
+                           done: bool = False) -> None:
+        """For an initial snapshot: report progress to the metrics (if any)."""
+        if self.metrics is not None:
+            self.metrics.snapshot_progress(table, rows, expected=expected, done=done)
+
     # -- batches ---------------------------------------------------------------------------
 
     def _open(self) -> _Batch:
         self._check_shipping()
+        self._shipper.wait_for_room()  # a slow sink slows new batches (bounded)
         cond = self._cond
         with cond:
             self._check_open()
@@ -231,6 +259,13 @@ class _Capture:
         """``_open`` for asyncio: waits for forced quiescence without blocking the loop."""
         self._check_shipping()
         loop = asyncio.get_running_loop()
+        if not self._shipper.has_room():  # a slow sink slows new batches (bounded)
+            room_deadline = loop.time() + self._backpressure_timeout
+            while not self._shipper.has_room():
+                self._check_shipping()
+                if loop.time() >= room_deadline:
+                    raise self._shipper.backpressure_error()
+                await asyncio.sleep(0.005)
         deadline = loop.time() + self._wait_timeout
         while True:
             with self._cond:
@@ -263,6 +298,7 @@ class _Capture:
         with cond:
             records = self._sequencer.close_batch(batch.ticket, self._clock_ns(), total)
             self.stats["events"] += total
+            self._batches_closed += 1
             if not records:
                 return
             for record in records:
