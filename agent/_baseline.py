@@ -138,6 +138,8 @@ class _Run:
         self.cells = 0
         self.longest_hold = 0.0
         self.started = time.perf_counter()
+        self.rows: dict[str, set[object]] = {}  # the last chunk's rows, per table
+        self.tables: set[str] = set()
 
     def record(self, point: tuple[int, int], chunk: CellChunk, held_since: float) -> bool:
         """Hand one chunk to the shipper (writers still held); True if it was the last."""
@@ -151,10 +153,22 @@ class _Run:
         self.start = chunk.next
         self.last = SnapshotProgress(self.baseline_id, len(self.pending), self.cells,
                                      chunk.next, hold)
+        self.rows = {}
+        for table, row, _column, _value in chunk.cells:
+            self.rows.setdefault(table, set()).add(row)
         return chunk.next is None
 
     def notify(self) -> None:
-        """Report progress (after writers were let go again)."""
+        """Report progress (after writers were let go again): to ``progress`` and to
+        the agent's metrics (``cdc_snapshot_rows`` per table, done at the end)."""
+        report_rows = getattr(self.agent, "_snapshot_progress", None)
+        if report_rows is not None:
+            for table, rows in self.rows.items():
+                self.tables.add(table)
+                report_rows(table, len(rows))
+            if self.last.rows_done_until is None:
+                for table in self.tables:
+                    report_rows(table, 0, done=True)
         if self.progress is not None:
             self.progress(self.last)
 

@@ -326,3 +326,19 @@ def test_a_stream_waiting_for_a_baseline_that_never_comes_raises(
     with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
         for record in sink.records:
             asm.feed(record)
+
+
+def test_snapshot_progress_reaches_the_metrics() -> None:
+    """Each chunk's rows are counted per table in the agent's metrics; done at the end."""
+    from prometheus_client import CollectorRegistry
+
+    from agent._metrics import CaptureMetrics
+
+    registry = CollectorRegistry()
+    store = MemoryStore({("a", i, "x"): i for i in range(25)} | {("b", "k", "y"): 1})
+    with Agent(store, MemorySink(), metrics=CaptureMetrics(registry)) as agent:
+        agent.snapshot(chunk_rows=7)
+    rows = registry.get_sample_value
+    assert rows("cdc_snapshot_rows_total", {"table": "a"}) == 25
+    assert rows("cdc_snapshot_rows_total", {"table": "b"}) == 1
+    assert rows("cdc_snapshot_done", {"table": "a"}) == 1
