@@ -212,6 +212,18 @@ async def atake_baseline(agent: _Capture, store: object, *,
                          ) -> BaselineReport:
     """``AsyncAgent.snapshot``: the same, waiting without blocking the event loop."""
     lister: Callable[[Bound | None, int], Awaitable[CellChunk]] = _lister(store)
+    if not agent._snapshot_lock.acquire(blocking=False):
+        raise RuntimeError("a baseline snapshot is already running on this agent; wait for "
+                           "it to finish")
+    try:
+        return await _atake(agent, lister, chunk_rows, progress)
+    finally:
+        agent._snapshot_lock.release()
+
+
+async def _atake(agent: _Capture, lister: Callable[[Bound | None, int], Awaitable[CellChunk]],
+                 chunk_rows: int, progress: Callable[[SnapshotProgress], None] | None
+                 ) -> BaselineReport:
     run = _Run(agent, chunk_rows, progress)
     done = False
     while not done:

@@ -342,3 +342,17 @@ def test_snapshot_progress_reaches_the_metrics() -> None:
     assert rows("cdc_snapshot_rows_total", {"table": "a"}) == 25
     assert rows("cdc_snapshot_rows_total", {"table": "b"}) == 1
     assert rows("cdc_snapshot_done", {"table": "a"}) == 1
+
+
+def test_two_async_baselines_at_once_are_refused() -> None:
+    async def main() -> None:
+        store = AsyncMemoryStore(MemoryStore({("t", i, "a"): i for i in range(40)}))
+        agent = AsyncAgent(store, MemorySink())
+        first = asyncio.create_task(agent.snapshot(chunk_rows=2))
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="already running"):
+            await agent.snapshot()
+        await first
+        agent.close()
+
+    asyncio.run(main())
