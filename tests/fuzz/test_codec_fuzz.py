@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sequencer import ABSENT, ChangeEvent, EpochRecord
@@ -83,6 +83,9 @@ def test_arbitrary_bytes_decode_or_raise_codec_error(message: bytes) -> None:
 @FUZZ
 @given(st.binary(max_size=40) | st.sampled_from([0, 1, 2, 3, 4, 5, 6, 255]).flatmap(
     lambda tag: st.binary(max_size=12).map(lambda b: bytes([tag]) + b)))
+@example(b"\x01\x07")
+@example(b"\x02" + bytes(10))
+@example(b"\x03" + bytes(8))
 def test_values_and_keys_decode_exactly_or_raise_codec_error(raw: bytes) -> None:
     """A tagged value/key that decodes re-encodes to the same bytes; the rest is CodecError."""
     try:
