@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from sinks.objstore import InMemoryObjectStore, PreconditionFailed
-from sinks.wal3 import LogContention, LogWriter, WriterOptions, encode_fragment, fragment_path
+from sinks.wal3 import (
+    LogContention,
+    LogReader,
+    LogWriter,
+    WriterOptions,
+    encode_fragment,
+    fragment_path,
+)
 from tests.sinks.wal3.conftest import FakeClock, no_sleep
 from tests.sinks.wal3.test_writer import Gate, WatchedClock
 
@@ -97,3 +104,16 @@ def test_contention_gives_up_after_max_contention_retries() -> None:
         future = writer.submit(b"mine")
         with pytest.raises(LogContention, match="after 4 rounds of contention"):
             future.result(20)
+
+
+def test_nothing_is_acknowledged_before_the_manifest_links_it() -> None:
+    """The manifest swap fails past the store retries (no answer: LogUnavailable); the
+    writer re-reads and swaps again, and only then resolves the append, so an
+    acknowledged record is always readable at that moment."""
+    store = InMemoryObjectStore("ack", sleep=no_sleep)
+    LogWriter.initialize(store)
+    store.faults.fail("put_if_match", key="manifest/*", times=5)  # 1 try + 4 retries
+    with LogWriter.open(store, sleep=no_sleep) as writer:
+        position = writer.submit(b"durable").result(10)
+        assert [r.body for r in LogReader(store).read(position.offset)] == [b"durable"]
+        assert store.count("put_if_match") >= 6
