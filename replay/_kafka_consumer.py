@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
 
 from replay._assembler import Assembler, Cell, Changeset
+from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
 from replay._position import Frontier, Position
 from sequencer import Value
@@ -45,6 +46,10 @@ class KafkaConsistentConsumer:
     state from the beginning of the topic and hands out only what comes after the
     position.
 
+    ``max_waiting_epochs`` bounds the epochs held while some partitions wait for the
+    others: beyond it, the partitions ahead are paused until the others caught up
+    (0: never pause). See ``docs/kafka.md``.
+
     Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
     ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
     ``KafkaConfigError`` for a missing topic or a wrong encoding.
@@ -61,6 +66,7 @@ class KafkaConsistentConsumer:
         initial_state: Mapping[Cell, Value] | None = None,
         config: Mapping[str, Any] | None = None,
         startup_timeout: float = 15.0,
+        max_waiting_epochs: int = 2000,
     ) -> None:
         if encoding not in ("native", "debezium"):
             raise KafkaConfigError(
@@ -82,6 +88,9 @@ class KafkaConsistentConsumer:
         }
         settings.update(config or {})
         self._fatal: str | None = None
+        self._failure: InconsistentLog | KafkaSinkError | None = None
+        self.max_waiting_epochs = max_waiting_epochs
+        self._paused: list[int] = []
         self._consumer = ck.Consumer(settings)
         try:
             self._start(position, encoding, initial_state, startup_timeout)
@@ -126,13 +135,13 @@ class KafkaConsistentConsumer:
             tokens = {tp.metadata for tp in committed if tp.offset >= 0 and tp.metadata}
             if len(tokens) > 1:
                 log.warning("kafka_commit_tokens_differ", group=self.group_id, tokens=tokens)
-            position = max(tokens, key=len) if tokens else None
+            position = furthest(tokens)
         # The assembler checks every chain of events against the state it holds, so a
         # resumed position needs the state it stands for. Without one, rebuild it: read
         # from the beginning and keep quiet up to the position.
         rebuild = position is not None and initial_state is None
         self._hide = _frontier(position) if position is not None and rebuild else None
-        self.log = KafkaLog(self.partitions, encoding=encoding, assembler=Assembler(
+        self.log = KafkaLog(self.partitions, encoding=encoding, bulk=True, assembler=Assembler(
             initial_state, position=None if rebuild else position))
         assignment = []
         for tp in committed:
@@ -159,25 +168,63 @@ class KafkaConsistentConsumer:
 
     def poll(self, timeout: float = 1.0, max_messages: int = 10_000) -> list[Changeset]:
         """Read what is available (waiting up to ``timeout``); return new changesets."""
+        if self._failure is not None:
+            raise self._failure  # the log broke there: nothing after it can be verified
         if self._fatal is not None:
             raise KafkaSinkError(f"the Kafka consumer hit a fatal error: {self._fatal}")
         messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
         feed = self.log.feed
-        for message in messages:
-            err = message.error()
-            if err is not None:
-                if err.code() == self._ck.KafkaError._PARTITION_EOF:
+        failure: InconsistentLog | KafkaSinkError | None = None
+        try:
+            for message in messages:
+                err = message.error()
+                if err is not None:
+                    if err.code() == self._ck.KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():
+                        raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
+                    log.warning("kafka_consume_error", error=err.str())
                     continue
-                if err.fatal():
-                    raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
-                log.warning("kafka_consume_error", error=err.str())
-                continue
-            out.extend(feed(message.partition(), message.offset(), message.key(),
-                            message.value(), message.headers()))
+                feed(message.partition(), message.offset(), message.key(), message.value(),
+                     message.headers())
+        except (InconsistentLog, KafkaSinkError) as exc:
+            failure = exc
+        try:
+            # Every interval complete so far, verified in one pass.
+            out.extend(self.log.drain())
+        except InconsistentLog as exc:
+            failure = exc  # it comes before anything met while reading on
+        if failure is not None:
+            # Hand out the changesets verified before the damage; raise from the next poll
+            # on (the consumer cannot move past it).
+            self._failure = failure
+            if not out:
+                raise failure
+        self._bound_skew()
         if self._hide is not None and out:
             out = self._drop_hidden(out)
         return out
+
+    def _bound_skew(self) -> None:
+        """Pause the partitions that run ahead while too many epochs wait for the others
+        (librdkafka hands over one partition almost whole before the next), resume them
+        once the others caught up: what the consumer holds stays bounded."""
+        if not self.max_waiting_epochs:
+            return
+        waiting = self.log.waiting_epochs()
+        ck = self._ck
+        if not self._paused and waiting > self.max_waiting_epochs:
+            ahead = self.log.ahead()
+            if ahead and len(ahead) < self.partitions:
+                self._consumer.pause([ck.TopicPartition(self.topic, p) for p in ahead])
+                self._paused = ahead
+                log.debug("kafka_partitions_paused", partitions=ahead, waiting_epochs=waiting)
+        elif self._paused and waiting <= self.max_waiting_epochs // 2:
+            self._consumer.resume([ck.TopicPartition(self.topic, p) for p in self._paused])
+            log.debug("kafka_partitions_resumed", partitions=self._paused,
+                      waiting_epochs=waiting)
+            self._paused = []
 
     def _drop_hidden(self, changesets: list[Changeset]) -> list[Changeset]:
         """While rebuilding: drop changesets up to the position (and their commit points)."""
@@ -261,6 +308,24 @@ class KafkaConsistentConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def furthest(tokens: Iterable[str]) -> Frontier | None:
+    """The furthest of the position tokens committed with the partitions' offsets.
+
+    Partitions committed by different commits (one failed half way) carry different
+    tokens; each partition's offset is at or before where its own token stands, so the
+    furthest position per domain is the one to resume from (re-read events of applied
+    epochs are dropped as duplicates; an older position would apply some twice).
+    A token that does not parse is refused with ``InvalidPosition``.
+    """
+    best: dict[int, Position] = {}
+    for token in tokens:
+        for position in Frontier.parse(token):
+            held = best.get(position.domain_id)
+            if held is None or position.epoch_seq > held.epoch_seq:
+                best[position.domain_id] = position
+    return Frontier(best) if best else None
 
 
 def _frontier(position: str | Position | Frontier) -> Frontier:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sinks._protocol import SinkError, SinkTimeout
+from sinks._protocol import SinkBackpressure, SinkError
 
 __all__ = [
     "AlreadyInitialized",
@@ -65,7 +65,7 @@ class LogContention(Wal3Error):
     """
 
 
-class LogBackpressure(Wal3Error, SinkTimeout):
+class LogBackpressure(Wal3Error, SinkBackpressure):
     """The writer's queue is full: the store cannot keep up. Nothing was queued; retry."""
 
 
