@@ -201,11 +201,12 @@ def test_keys_and_epoch_messages_are_the_documented_bytes() -> None:
     """Row keys, and an EPOCH message field by field, as the module docstring lays out."""
     assert encode_key(7).hex() == "020000000000000007" and encode_key("k").hex() == "046b"
     record = EpochRecord(0x0102030405060708, 2, 3, 4, 5, True, (("t", 6),), "ab" * 32, 9)
-    golden = ("434443" "01" "02" "0102030405060708" "0000000000000002" "0000000000000003"
-              "0000000000000004" "0000000000000005" "03" "00000009" + "ab" * 32
-              + "0001" "0001" "74" "0000000000000006")
-    assert encode_epoch(record).hex() == golden
-    assert decode(bytes.fromhex(golden)) == record
+    body = ("0102030405060708" "0000000000000002" "0000000000000003"
+            "0000000000000004" "0000000000000005" "03" "00000009" + "ab" * 32
+            + "0001" "0001" "74" "0000000000000006")
+    assert encode_epoch(record).hex() == "434443" "02" "02" + body  # written as version 2
+    assert decode(bytes.fromhex("434443" "02" "02" + body)) == record
+    assert decode(bytes.fromhex("434443" "01" "02" + body)) == record  # version 1 still read
 
 
 def test_trailing_bytes_after_an_epoch_are_refused() -> None:
