@@ -70,6 +70,10 @@ class CaptureMetrics:
             "cdc_sink_call_seconds", "Time a sink call took (write_events, write_epoch, "
             "flush), retries included", ["call"], buckets=_LATENCY_BUCKETS,
             registry=self.registry)
+        # Children looked up once: the shipping thread observes without a label lookup.
+        self._sink_observers: dict[str, Callable[[float], None]] = {
+            call: self.sink_seconds.labels(call).observe
+            for call in ("write_events", "write_epoch", "flush")}
         self.sink_errors = client.Counter(
             "cdc_sink_errors", "Sink calls that raised: retried (the sink was behind) or "
             "fatal (shipping stopped)", ["kind"], registry=self.registry)
@@ -92,7 +96,10 @@ class CaptureMetrics:
             self._agents.add(agent)
 
     def observe_sink_call(self, call: str, seconds: float) -> None:
-        self.sink_seconds.labels(call).observe(seconds)
+        observe = self._sink_observers.get(call)
+        if observe is None:
+            observe = self._sink_observers[call] = self.sink_seconds.labels(call).observe
+        observe(seconds)
 
     def count_sink_error(self, kind: str) -> None:
         self.sink_errors.labels(kind).inc()
