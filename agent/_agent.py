@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent._scope import BatchScope
+
+if TYPE_CHECKING:
+    from agent._baseline import BaselineReport, SnapshotProgress
 from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
@@ -48,6 +51,7 @@ __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
 
 log = structlog.get_logger()
 
+_HOLD_GRACE: Final = 0.002  # seconds a baseline lets writers in between two chunks
 SEGMENT_EVENTS: Final = 1 << 16  # events per shipped segment (sinks.codec.SEGMENT_BITS)
 
 
@@ -136,6 +140,13 @@ class _Capture:
         self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # Baseline snapshots (agent._baseline): while _hold > 0 no new batch opens, and
+        # _last_point is the last quiescence point, (epoch_seq, end_id): (0, 0) at start.
+        self._hold = 0
+        self._waiting = 0  # writers waiting in _open for a ticket
+        self._released: tuple[float, int] | None = None  # when a hold ended, batches then
+        self._last_point = (0, 0)
+        self._snapshot_lock = threading.Lock()
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
         self.metrics = metrics
         if metrics is not None:
@@ -217,7 +228,7 @@ class _Capture:
         cond = self._cond
         with cond:
             self._check_open()
-            ticket = self._sequencer.open_batch(self._clock_ns())
+            ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
             if ticket is None:
                 deadline = time.monotonic() + self._wait_timeout
                 while ticket is None:
@@ -227,9 +238,14 @@ class _Capture:
                             f"forced quiescence held a new write batch back for "
                             f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
                             "are still open (a batch left open too long?)")
-                    cond.wait(remaining)
+                    self._waiting += 1
+                    try:
+                        cond.wait(remaining)
+                    finally:
+                        self._waiting -= 1
                     self._check_open()
-                    ticket = self._sequencer.open_batch(self._clock_ns())
+                    ticket = (None if self._hold
+                              else self._sequencer.open_batch(self._clock_ns()))
             self.stats["batches"] += 1
         return _Batch(ticket)
 
@@ -254,7 +270,7 @@ class _Capture:
         while True:
             with self._cond:
                 self._check_open()
-                ticket = self._sequencer.open_batch(self._clock_ns())
+                ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
                 if ticket is not None:
                     self.stats["batches"] += 1
                     return _Batch(ticket)
@@ -290,6 +306,7 @@ class _Capture:
             self.stats["epochs"] += len(records)
             marker = records[-1]
             if marker.quiescent:
+                self._last_point = (marker.epoch_seq, marker.end_id)
                 self.stats["quiescence_points"] += 1
                 try:
                     if self._on_quiescence is not None:
@@ -298,6 +315,49 @@ class _Capture:
                 finally:
                     cond.notify_all()
                     self._wake_async_waiters()
+
+    def _begin_hold(self) -> None:
+        """Hold new batches back (a baseline chunk is about to be read)."""
+        if self._current.get() is not None:
+            raise RuntimeError("snapshot() inside a write batch would wait for itself; "
+                               "call it outside any batch")
+        with self._cond:
+            self._check_open()
+            # Fairness: writers held back by the previous chunk open their batches
+            # before the next chunk holds them again (those still waiting, and for a
+            # moment those not yet back at the lock).
+            released = self._released
+            deadline = time.monotonic() + 1.0
+            while not self._hold and (now := time.monotonic()) < deadline:
+                if self._waiting:
+                    self._cond.wait(0.01)
+                elif (released is not None and self.stats["batches"] == released[1]
+                      and now < released[0] + _HOLD_GRACE):
+                    self._cond.wait(_HOLD_GRACE / 4)
+                else:
+                    break
+            self._hold += 1
+
+    def _end_hold(self) -> None:
+        with self._cond:
+            self._released = (time.monotonic(), self.stats["batches"])
+            self._hold -= 1
+            self._cond.notify_all()
+            self._wake_async_waiters()
+
+    def _wait_quiescent(self) -> tuple[int, int]:
+        """With new batches held back, wait for the open ones to end; return the
+        quiescence point reached, (epoch_seq, end_id)."""
+        deadline = time.monotonic() + self._wait_timeout
+        with self._cond:
+            while not self._sequencer.quiescent:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closing:
+                    raise QuiescenceTimeout(
+                        f"a snapshot waited {self._wait_timeout}s for "
+                        f"{self._sequencer.open_batches()} open write batches to end")
+                self._cond.wait(remaining)
+            return self._last_point
 
     def _wake_async_waiters(self) -> None:
         waiters, self._async_waiters = self._async_waiters, []
@@ -443,3 +503,18 @@ class Agent(_Capture):
     def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Read one cell (no batch, no event)."""
         return self.store.get(table, row, column)
+
+    def snapshot(self, *, chunk_rows: int = 10_000,
+                 progress: Callable[[SnapshotProgress], None] | None = None,
+                 flush_timeout: float | None = None) -> BaselineReport:
+        """Record every cell the store holds as a baseline (snapshot records in the log).
+
+        The store is read ``chunk_rows`` rows at a time, each chunk at a quiescence point
+        with new write batches held back meanwhile (writers wait for one chunk at most).
+        Returns once every chunk is durable in the sink; ``progress`` is called after
+        each chunk. The store must offer ``list_cells`` (see ``agent._baseline``).
+        """
+        from agent._baseline import take_baseline
+
+        return take_baseline(self, self.store, chunk_rows=chunk_rows, progress=progress,
+                             flush_timeout=flush_timeout)

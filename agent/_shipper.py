@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -256,6 +257,9 @@ class Shipper:
                         flushes.append(item)
                     elif item is _STOP:
                         stop = True
+                    elif hasattr(item, "ship_to"):  # a baseline chunk (agent._baseline)
+                        self._call_sink("write_snapshot", partial(item.ship_to, self._sink),
+                                        SinkBackpressure)
                 if flushes:  # one sink flush for the group's requests (group commit)
                     self._call_sink("flush", self._sink.flush, SinkTimeout)
                     for request in flushes:
