@@ -86,6 +86,15 @@ class CaptureMetrics:
         self.snapshot_done = client.Gauge(
             "cdc_snapshot_done", "1 once a table's initial snapshot is complete", ["table"],
             registry=self.registry)
+        self.snapshot_cells = client.Counter(
+            "cdc_snapshot_cells", "Cells recorded by snapshots (Agent.snapshot baselines)",
+            registry=self.registry)
+        self.snapshot_chunks = client.Counter(
+            "cdc_snapshot_chunks", "Chunks recorded by snapshots (Agent.snapshot baselines)",
+            registry=self.registry)
+        self.snapshot_running = client.Gauge(
+            "cdc_snapshot_running", "1 while an Agent.snapshot baseline is being taken",
+            registry=self.registry)
         self.registry.register(_Collector(self))
 
     # -- hooks -----------------------------------------------------------------------------
@@ -113,6 +122,12 @@ class CaptureMetrics:
             self.snapshot_rows_expected.labels(table).set(expected)
         if done:
             self.snapshot_done.labels(table).set(1)
+
+    def baseline_chunk(self, cells: int, *, finished: bool) -> None:
+        """``Agent.snapshot`` recorded one more chunk of ``cells`` cells."""
+        self.snapshot_chunks.inc()
+        self.snapshot_cells.inc(cells)
+        self.snapshot_running.set(0 if finished else 1)
 
     def watch_consumer_lag(self, consumer: str, lag: Callable[[], int]) -> None:
         """Report ``lag()`` (positions behind the log's end) as
