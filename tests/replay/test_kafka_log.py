@@ -162,7 +162,7 @@ def test_bulk_mode_equals_streaming_and_restarts_from_any_commit_point(
     points = list(bulk.commit_points)
     assert [c for c, _ in points] == got
     for index in range(0, len(got), 5):
-        changeset, point = points[index]
+        _changeset, point = points[index]
         state: dict = {}
         for earlier in got[:index + 1]:
             apply(state, earlier)
