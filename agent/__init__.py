@@ -7,6 +7,7 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
 from agent._config import Config, ConfigError, load_config
+from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
 from agent._postgres_spec import (
     PostgresError,
     SchemaMismatch,
@@ -15,7 +16,7 @@ from agent._postgres_spec import (
     WriteOutcomeUnknown,
 )
 from agent._postgres_store import AsyncPostgresStore, PostgresStore
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import AsyncMemoryStore, AsyncRelaxedStore, MemoryStore, RelaxedStore
 from sequencer import ABSENT, InvalidWrite
 
@@ -27,6 +28,7 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "CaptureMetrics",
     "Config",
     "ConfigError",
     "InvalidWrite",
@@ -36,9 +38,13 @@ __all__ = [
     "QuiescenceTimeout",
     "RelaxedStore",
     "SchemaMismatch",
+    "ShippingBackpressure",
     "ShippingFailed",
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",
+    "kafka_consumer_lag",
     "load_config",
+    "serve_metrics",
+    "wal3_cursor_lag",
 ]

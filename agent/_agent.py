@@ -17,11 +17,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
 from agent._scope import BatchScope
+
+if TYPE_CHECKING:
+    from agent._baseline import BaselineReport, SnapshotProgress
 from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
@@ -41,10 +44,14 @@ from sequencer import (
 )
 from sinks import Sink
 
+if TYPE_CHECKING:
+    from agent._metrics import CaptureMetrics
+
 __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
 
 log = structlog.get_logger()
 
+_HOLD_GRACE: Final = 0.002  # seconds a baseline lets writers in between two chunks
 SEGMENT_EVENTS: Final = 1 << 16  # events per shipped segment (sinks.codec.SEGMENT_BITS)
 
 
@@ -107,6 +114,8 @@ class _Capture:
         max_quiescence_interval: float | None = None,
         quiescence_wait_timeout: float = 60.0,
         max_queue: int = 1024,
+        backpressure_timeout: float = 30.0,
+        metrics: CaptureMetrics | None = None,
     ) -> None:
         self.domain_id = domain_id if domain_id is not None else new_domain_id()
         self._sink = sink
@@ -123,11 +132,25 @@ class _Capture:
         )
         self._current: ContextVar[_Batch | None] = ContextVar(
             f"cdc_batch_{self.domain_id:x}", default=None)
-        self._shipper = Shipper(sink, max_queue=max_queue)
+        self._shipper = Shipper(sink, max_queue=max_queue,
+                                backpressure_timeout=backpressure_timeout, metrics=metrics)
+        self._max_queue = max_queue
+        self._batches_closed = 0
+        self._backpressure_timeout = backpressure_timeout
         self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # Baseline snapshots (agent._baseline): while _hold > 0 no new batch opens, and
+        # _last_point is the last quiescence point, (epoch_seq, end_id): (0, 0) at start.
+        self._hold = 0
+        self._waiting = 0  # writers waiting in _open for a ticket
+        self._released: tuple[float, int] | None = None  # when a hold ended, batches then
+        self._last_point = (0, 0)
+        self._snapshot_lock = threading.Lock()
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.attach(self)
         _open_agents.add(self)
         log.info("cdc.agent_started", domain_id=f"{self.domain_id:016x}")
 
@@ -182,14 +205,30 @@ class _Capture:
     def shipping_error(self) -> BaseException | None:
         return self._shipper.error
 
+    def _metric_counts(self) -> dict[str, float]:
+        """What ``CaptureMetrics`` reports for this agent, read at scrape time."""
+        shipper = self._shipper
+        depth = shipper.pending()
+        return {"batches": self._batches_closed, "events": shipper.shipped_events,
+                "epochs": shipper.shipped_epochs, "queue_depth": depth,
+                "backlogged": float(depth > self._max_queue),
+                "quiescence_age": time.monotonic() - shipper.last_quiescent_at}
+
+    def _snapshot_progress(self, table: str, rows: int, *, expected: int | None = None,
+                           done: bool = False) -> None:
+        """For an initial snapshot: report progress to the metrics (if any)."""
+        if self.metrics is not None:
+            self.metrics.snapshot_progress(table, rows, expected=expected, done=done)
+
     # -- batches ---------------------------------------------------------------------------
 
     def _open(self) -> _Batch:
         self._check_shipping()
+        self._shipper.wait_for_room()  # a slow sink slows new batches (bounded)
         cond = self._cond
         with cond:
             self._check_open()
-            ticket = self._sequencer.open_batch(self._clock_ns())
+            ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
             if ticket is None:
                 deadline = time.monotonic() + self._wait_timeout
                 while ticket is None:
@@ -199,9 +238,14 @@ class _Capture:
                             f"forced quiescence held a new write batch back for "
                             f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
                             "are still open (a batch left open too long?)")
-                    cond.wait(remaining)
+                    self._waiting += 1
+                    try:
+                        cond.wait(remaining)
+                    finally:
+                        self._waiting -= 1
                     self._check_open()
-                    ticket = self._sequencer.open_batch(self._clock_ns())
+                    ticket = (None if self._hold
+                              else self._sequencer.open_batch(self._clock_ns()))
             self.stats["batches"] += 1
         return _Batch(ticket)
 
@@ -215,11 +259,18 @@ class _Capture:
         """``_open`` for asyncio: waits for forced quiescence without blocking the loop."""
         self._check_shipping()
         loop = asyncio.get_running_loop()
+        if not self._shipper.has_room():  # a slow sink slows new batches (bounded)
+            room_deadline = loop.time() + self._backpressure_timeout
+            while not self._shipper.has_room():
+                self._check_shipping()
+                if loop.time() >= room_deadline:
+                    raise self._shipper.backpressure_error()
+                await asyncio.sleep(0.005)
         deadline = loop.time() + self._wait_timeout
         while True:
             with self._cond:
                 self._check_open()
-                ticket = self._sequencer.open_batch(self._clock_ns())
+                ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
                 if ticket is not None:
                     self.stats["batches"] += 1
                     return _Batch(ticket)
@@ -247,6 +298,7 @@ class _Capture:
         with cond:
             records = self._sequencer.close_batch(batch.ticket, self._clock_ns(), total)
             self.stats["events"] += total
+            self._batches_closed += 1
             if not records:
                 return
             for record in records:
@@ -254,6 +306,7 @@ class _Capture:
             self.stats["epochs"] += len(records)
             marker = records[-1]
             if marker.quiescent:
+                self._last_point = (marker.epoch_seq, marker.end_id)
                 self.stats["quiescence_points"] += 1
                 try:
                     if self._on_quiescence is not None:
@@ -262,6 +315,49 @@ class _Capture:
                 finally:
                     cond.notify_all()
                     self._wake_async_waiters()
+
+    def _begin_hold(self) -> None:
+        """Hold new batches back (a baseline chunk is about to be read)."""
+        if self._current.get() is not None:
+            raise RuntimeError("snapshot() inside a write batch would wait for itself; "
+                               "call it outside any batch")
+        with self._cond:
+            self._check_open()
+            # Fairness: writers held back by the previous chunk open their batches
+            # before the next chunk holds them again (those still waiting, and for a
+            # moment those not yet back at the lock).
+            released = self._released
+            deadline = time.monotonic() + 1.0
+            while not self._hold and (now := time.monotonic()) < deadline:
+                if self._waiting:
+                    self._cond.wait(0.01)
+                elif (released is not None and self.stats["batches"] == released[1]
+                      and now < released[0] + _HOLD_GRACE):
+                    self._cond.wait(_HOLD_GRACE / 4)
+                else:
+                    break
+            self._hold += 1
+
+    def _end_hold(self) -> None:
+        with self._cond:
+            self._released = (time.monotonic(), self.stats["batches"])
+            self._hold -= 1
+            self._cond.notify_all()
+            self._wake_async_waiters()
+
+    def _wait_quiescent(self) -> tuple[int, int]:
+        """With new batches held back, wait for the open ones to end; return the
+        quiescence point reached, (epoch_seq, end_id)."""
+        deadline = time.monotonic() + self._wait_timeout
+        with self._cond:
+            while not self._sequencer.quiescent:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closing:
+                    raise QuiescenceTimeout(
+                        f"a snapshot waited {self._wait_timeout}s for "
+                        f"{self._sequencer.open_batches()} open write batches to end")
+                self._cond.wait(remaining)
+            return self._last_point
 
     def _wake_async_waiters(self) -> None:
         waiters, self._async_waiters = self._async_waiters, []
@@ -407,3 +503,18 @@ class Agent(_Capture):
     def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Read one cell (no batch, no event)."""
         return self.store.get(table, row, column)
+
+    def snapshot(self, *, chunk_rows: int = 10_000,
+                 progress: Callable[[SnapshotProgress], None] | None = None,
+                 flush_timeout: float | None = None) -> BaselineReport:
+        """Record every cell the store holds as a baseline (snapshot records in the log).
+
+        The store is read ``chunk_rows`` rows at a time, each chunk at a quiescence point
+        with new write batches held back meanwhile (writers wait for one chunk at most).
+        Returns once every chunk is durable in the sink; ``progress`` is called after
+        each chunk. The store must offer ``list_cells`` (see ``agent._baseline``).
+        """
+        from agent._baseline import take_baseline
+
+        return take_baseline(self, self.store, chunk_rows=chunk_rows, progress=progress,
+                             flush_timeout=flush_timeout)

@@ -8,9 +8,10 @@ waits for forced quiescence without blocking the event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from agent._agent import _Batch, _Capture, check_conditional, check_update
+from agent._baseline import BaselineReport, SnapshotProgress, atake_baseline
 from agent._store import AsyncRelaxedStore
 from sequencer import ABSENT, Absent, RowKey, Value, check_name, check_row, check_write
 from sinks import Sink
@@ -24,6 +25,14 @@ class AsyncAgent(_Capture):
     def __init__(self, store: AsyncRelaxedStore, sink: Sink, **options: object) -> None:
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self.store = store
+
+    async def snapshot(self, *, chunk_rows: int = 10_000,
+                       progress: Callable[[SnapshotProgress], None] | None = None
+                       ) -> BaselineReport:
+        """``Agent.snapshot`` for asyncio: the store's ``list_cells`` is awaited and the
+        wait for quiescence does not block the event loop."""
+        return await atake_baseline(self, self.store, chunk_rows=chunk_rows,
+                                    progress=progress)
 
     async def _batch_here(self) -> tuple[_Batch, bool]:
         """The batch in force, or a fresh automatic one (``True``: close it after)."""

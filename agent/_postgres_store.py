@@ -45,7 +45,9 @@ from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value
 if TYPE_CHECKING:
     import psycopg
 
+    from agent._baseline import CellChunk
     from agent._postgres_sql import Steps, TableInfo
+    from sinks._snapshot_codec import Bound
 
 __all__ = ["AsyncPostgresStore", "PostgresStore", "require_psycopg"]
 
@@ -455,6 +457,22 @@ class PostgresStore(_Base):
             raise _map_error(exc, "the snapshot", False) from exc
         return cells
 
+    def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
+        """The cells of up to ``limit`` rows from ``start`` on, in snapshot row order
+        (for ``Agent.snapshot``; see ``agent._postgres_scan``)."""
+        from agent._baseline import CellChunk
+        from agent._postgres_scan import chunk_steps, first_table
+
+        where = first_table(self._infos, start)
+        if where is None:
+            return CellChunk([], None)
+        table, lower = where
+        later = [n for n in sorted(self._infos) if n > table]
+        cells, nxt = self._call(
+            chunk_steps(self._infos[table], lower, limit, later[0] if later else None),
+            f"the snapshot read of {table}", False)
+        return CellChunk(cells, nxt)
+
     def close(self) -> None:
         self._pool.close()
 
@@ -664,6 +682,22 @@ class AsyncPostgresStore(_Base):
         except psycopg.Error as exc:
             raise _map_error(exc, "the snapshot", False) from exc
         return cells
+
+    async def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
+        """``PostgresStore.list_cells`` for asyncio."""
+        from agent._baseline import CellChunk
+        from agent._postgres_scan import chunk_steps, first_table
+
+        await self.open()
+        where = first_table(self._infos, start)
+        if where is None:
+            return CellChunk([], None)
+        table, lower = where
+        later = [n for n in sorted(self._infos) if n > table]
+        cells, nxt = await self._call(
+            chunk_steps(self._infos[table], lower, limit, later[0] if later else None),
+            f"the snapshot read of {table}", False)
+        return CellChunk(cells, nxt)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -2,7 +2,11 @@
 
 Writers hand over whole segments of events and the sequencer's epoch records, in log
 order, through a bounded queue (a full queue makes writers wait: backpressure, never
-loss). The shipper encodes events to Arrow, computes each epoch's setsum and per-table
+loss). The waits are bounded: a new batch that waited ``backpressure_timeout`` for room
+is refused (``ShippingBackpressure``, nothing written); a sink that says it is behind
+(``SinkBackpressure``) is retried, so a slow sink slows capture but never stops it.
+
+The shipper encodes events to Arrow, computes each epoch's setsum and per-table
 counts off the writers' path, and calls the sink in order: an epoch record always
 after every event of its epoch.
 """
@@ -15,20 +19,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from functools import partial
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import structlog
 
 from sequencer import EpochRecord, RowKey
-from sinks import EventBatch, Setsum, Sink
+from sinks import EventBatch, Setsum, Sink, SinkBackpressure, SinkTimeout
 from sinks.codec import EVENT_SCHEMA, encode_keys, encode_values, segment_digests
 
-__all__ = ["ShippingFailed", "Shipper", "Shipment"]
+if TYPE_CHECKING:
+    from agent._metrics import CaptureMetrics
+
+__all__ = ["Shipment", "Shipper", "ShippingBackpressure", "ShippingFailed"]
 
 log = structlog.get_logger()
 
 _DRAIN_MAX: Final = 4096  # queue items gathered into one sink call at most
+_RETRY_MAX_DELAY: Final = 0.25  # seconds between retries of a sink that is behind
 
 PendingEvent = tuple[str, RowKey, str, object, object]  # (table, row, column, old, new)
 
@@ -39,6 +48,13 @@ class ShippingFailed(RuntimeError):
     The store keeps every write; the records not shipped stay in the agent's queue
     (``pending``). Fix the sink and start a new Agent: the log's next domain starts
     from the store's current state.
+    """
+
+
+class ShippingBackpressure(TimeoutError):
+    """The sink is behind: a new write batch waited longer than ``backpressure_timeout``
+    for room in the shipping queue. Nothing was written; retry later. Capture goes on:
+    the queue drains as the sink catches up.
     """
 
 
@@ -55,7 +71,18 @@ class Shipment:
 
 @dataclass(slots=True)
 class _Flush:
+    """A flush request: finished once every item queued before it is durable in the
+    sink (or shipping failed: ``callback`` then gets the error)."""
+
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    callback: Callable[[BaseException | None], None] | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        if self.done.is_set():
+            return  # finished once only (a failing shipper may drain it twice)
+        self.done.set()
+        if self.callback is not None:
+            self.callback(error)
 
 
 _STOP: Final = object()
@@ -67,8 +94,19 @@ class Shipper:
     for epoch records, so records enter in sequencer order)."""
 
     def __init__(self, sink: Sink, *, max_queue: int = 1024, linger: float = 0.002,
-                 on_epoch: Callable[[EpochRecord], None] | None = None) -> None:
+                 on_epoch: Callable[[EpochRecord], None] | None = None,
+                 backpressure_timeout: float = 30.0,
+                 metrics: CaptureMetrics | None = None) -> None:
         self._linger = linger
+        self._metrics = metrics
+        self.started_at = self.last_quiescent_at = time.monotonic()
+        self._backpressure_timeout = backpressure_timeout
+        # How long put() may wait for room; an event loop's thread sets 0 (never block
+        # the loop: new batches are held back at open instead).
+        self.put_wait = backpressure_timeout
+        self._stopping = False  # stop() asked: a sink that is behind is not retried
+        self.behind_since: float | None = None  # monotonic time the sink began refusing
+        self.sink_retries = 0
         self._sink = sink
         # A deque handed over under the GIL, not a queue.Queue: its lock convoys
         # between writers and the shipper cost more than the shipping itself.
@@ -97,11 +135,44 @@ class Shipper:
         items.append(item)
         if self._idle:
             self._wakeup.set()
-        if len(items) > self._max_queue:
-            with self._drained:  # backpressure: wait for the shipper to catch up
-                while len(items) > self._max_queue and self.error is None:
-                    self._wakeup.set()
-                    self._drained.wait(1.0)
+        if len(items) > self._max_queue and self.put_wait > 0:
+            # Backpressure: wait for the shipper to catch up, a bounded time. The item is
+            # queued already (its writes are in the store); the next batch's open waits
+            # for room, and refuses if there is none.
+            self._wait_for_room(self.put_wait)
+
+    def has_room(self) -> bool:
+        """Whether the queue is within its bound (a new batch may open at once)."""
+        return len(self._items) <= self._max_queue
+
+    def wait_for_room(self) -> None:
+        """Before a new batch: wait while the queue is over its bound, at most
+        ``backpressure_timeout``; then raise ``ShippingBackpressure``."""
+        self._raise_if_failed()
+        if len(self._items) <= self._max_queue:
+            return
+        if not self._wait_for_room(self._backpressure_timeout):
+            self._raise_if_failed()
+            raise self.backpressure_error()
+
+    def backpressure_error(self) -> ShippingBackpressure:
+        return ShippingBackpressure(
+            f"the sink is behind: {len(self._items)} records wait to be shipped (more than "
+            f"max_queue={self._max_queue}) after {self._backpressure_timeout}s; this batch "
+            "was not opened and nothing was written: retry later (capture goes on as the "
+            "sink catches up)")
+
+    def _wait_for_room(self, timeout: float) -> bool:
+        items = self._items
+        deadline = time.monotonic() + timeout
+        with self._drained:
+            while len(items) > self._max_queue and self.error is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._wakeup.set()
+                self._drained.wait(min(1.0, remaining))
+        return True
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything put so far reached the sink and the sink flushed."""
@@ -113,7 +184,21 @@ class Shipper:
             raise TimeoutError(f"the sink did not flush within {timeout}s")
         self._raise_if_failed()
 
+    def request_flush(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Without waiting: call ``callback(None)`` (from the shipping thread) once
+        everything put so far is durable in the sink, or ``callback(error)`` if shipping
+        failed. Requests that arrive together share one ``sink.flush()``."""
+        request = _Flush(callback=callback)
+        if self.error is not None:
+            request.finish(self.error)
+            return
+        self._items.append(request)
+        self._wakeup.set()
+        if self.error is not None:  # failed meanwhile: its drain may have missed us
+            self._fail_remaining([])
+
     def stop(self, timeout: float | None = None) -> None:
+        self._stopping = True
         if self._thread.is_alive():
             self._items.append(_STOP)
             self._wakeup.set()
@@ -121,6 +206,10 @@ class Shipper:
 
     def pending(self) -> int:
         return len(self._items)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -155,6 +244,8 @@ class Shipper:
     def _run(self) -> None:
         while True:
             items = self._take()
+            flushes: list[_Flush] = []
+            stop = False
             try:
                 # Events first, in one sink call: every epoch record in the group then
                 # follows all of its own events (later epochs' events may precede it).
@@ -163,25 +254,38 @@ class Shipper:
                     if type(item) is EpochRecord:
                         self._ship_epoch(item)
                     elif type(item) is _Flush:
-                        self._sink.flush()
-                        item.done.set()
+                        flushes.append(item)
                     elif item is _STOP:
-                        return
+                        stop = True
+                    elif hasattr(item, "ship_to"):  # a baseline chunk (agent._baseline)
+                        self._call_sink("write_snapshot", partial(item.ship_to, self._sink),
+                                        SinkBackpressure)
+                if flushes:  # one sink flush for the group's requests (group commit)
+                    self._call_sink("flush", self._sink.flush, SinkTimeout)
+                    for request in flushes:
+                        request.finish(None)
+                if stop:
+                    return
             except BaseException as exc:  # the sink failed: keep what is left
                 self.error = exc
                 log.error("cdc.shipping_failed", error=repr(exc))
+                if self._metrics is not None:
+                    self._metrics.count_sink_error("fatal")
                 self._fail_remaining(items)
                 return
 
     def _fail_remaining(self, items: list[object]) -> None:
-        # Wake every flush waiter still queued so no caller hangs; they see the error.
+        # Finish every flush request still queued so no caller hangs; they see the error.
         for item in items:
             if isinstance(item, _Flush):
-                item.done.set()
+                item.finish(self.error)
         while self._items:
-            item = self._items.popleft()
+            try:
+                item = self._items.popleft()
+            except IndexError:  # another thread drained it meanwhile
+                break
             if isinstance(item, _Flush):
-                item.done.set()
+                item.finish(self.error)
         with self._drained:
             self._drained.notify_all()
 
@@ -196,7 +300,9 @@ class Shipper:
             self._digests.setdefault(shipment.epoch_seq, []).append(digest)
             self._event_counts[shipment.epoch_seq] = (
                 self._event_counts.get(shipment.epoch_seq, 0) + len(shipment.events))
-        self._sink.write_events(EventBatch(data))
+        batch = EventBatch(data)
+        self._call_sink("write_events", lambda: self._sink.write_events(batch),
+                        SinkBackpressure)
         self.shipped_events += data.num_rows
 
     def _ship_epoch(self, record: EpochRecord) -> None:
@@ -216,10 +322,44 @@ class Shipper:
             Setsum.of_digests(digests).hexdigest() if digests else _EMPTY_SETSUM,
             record.stream,
         )
-        self._sink.write_epoch(record)
+        self._call_sink("write_epoch", lambda: self._sink.write_epoch(record),
+                        SinkBackpressure)
         self.shipped_epochs += 1
+        if record.quiescent:
+            self.last_quiescent_at = time.monotonic()
         if self._on_epoch is not None:
             self._on_epoch(record)
+
+
+    def _call_sink(self, name: str, call: Callable[[], None],
+                   retry: type[BaseException]) -> None:
+        """Make one sink call; while it raises ``retry`` (the sink is behind and took
+        nothing), wait and make it again: writers slow down, capture does not stop."""
+        delay, behind_since = 0.01, 0.0
+        metrics = self._metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        while True:
+            try:
+                call()
+            except retry as exc:
+                if self._stopping:
+                    raise  # shutting down: do not wait for the sink forever
+                self.sink_retries += 1
+                if metrics is not None:
+                    metrics.count_sink_error("retried")
+                if not behind_since:
+                    behind_since = time.monotonic()
+                    self.behind_since = behind_since
+                    log.warning("cdc.sink_behind", error=repr(exc), queued=len(self._items))
+                time.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_DELAY)
+                continue
+            if behind_since:
+                self.behind_since = None
+                log.info("cdc.sink_caught_up", waited=round(time.monotonic() - behind_since, 3))
+            if metrics is not None:
+                metrics.observe_sink_call(name, time.perf_counter() - started)
+            return
 
 
 def _to_arrow(shipments: list[Shipment],

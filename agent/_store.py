@@ -8,12 +8,17 @@ succeed for some cells and fail for others.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import struct
 import threading
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sequencer import ABSENT, Absent, RowKey, Value
+from sinks._snapshot_codec import Bound, row_order
+
+if TYPE_CHECKING:
+    from agent._baseline import CellChunk
 
 __all__ = ["AsyncMemoryStore", "AsyncRelaxedStore", "Cell", "MemoryStore", "RelaxedStore"]
 
@@ -86,6 +91,10 @@ class MemoryStore:
     def __init__(self, cells: Mapping[Cell, Value] | None = None) -> None:
         self._rows: dict[tuple[str, RowKey], dict[str, Value]] = {}
         self._lock = threading.Lock()
+        # While list_cells walks the store: its sorted row index, and the rows created
+        # since it was built (merged in at the next call).
+        self._index: list[tuple[Any, ...]] | None = None
+        self._created: list[tuple[str, RowKey]] | None = None
         for (table, row, column), value in (cells or {}).items():
             self._rows.setdefault((table, row), {})[column] = value
 
@@ -104,6 +113,8 @@ class MemoryStore:
                 return old
             if cells is None:
                 rows[key] = {column: value}  # type: ignore[dict-item]
+                if self._created is not None:
+                    self._created.append(key)
                 return ABSENT
             old = cells.get(column, ABSENT)
             cells[column] = value  # type: ignore[assignment]
@@ -124,6 +135,8 @@ class MemoryStore:
                         del self._rows[(table, row)]
             elif cells is None:
                 self._rows[(table, row)] = {column: value}  # type: ignore[dict-item]
+                if self._created is not None:
+                    self._created.append((table, row))
             else:
                 cells[column] = value  # type: ignore[assignment]
             return True, current
@@ -143,6 +156,50 @@ class MemoryStore:
                 for (table, row), cells in self._rows.items()
                 for column, value in cells.items()
             }
+
+
+    def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
+        """The cells of ``limit`` rows from ``start`` on, in snapshot row order (for
+        ``Agent.snapshot``, which calls it while no write runs).
+
+        ``start=None`` sorts the rows once; later calls continue from that index, with
+        the rows created since merged in, so a whole walk costs one sort.
+        """
+        from agent._baseline import CellChunk
+
+        with self._lock:
+            if start is None or self._index is None:
+                self._index = sorted((*row_order(t, r), t, r) for t, r in list(self._rows))
+                self._created = []
+            index = self._index
+            assert self._created is not None
+            for table, row in self._created:
+                bisect.insort(index, (*row_order(table, row), table, row))
+            self._created = []
+            pos = 0 if start is None else bisect.bisect_left(index, row_order(*start))
+            rows = self._rows
+            out: list[tuple[str, RowKey, str, Value]] = []
+            taken = 0
+            previous = None
+            while pos < len(index) and taken < limit:
+                entry = index[pos]
+                pos += 1
+                key = entry[3:]
+                if key == previous:
+                    continue  # a row deleted and created again is indexed twice
+                previous = key
+                cells = rows.get(key)
+                if cells is None:
+                    continue  # deleted since the index was built
+                table, row = key
+                out += [(table, row, column, value) for column, value in cells.items()]
+                taken += 1
+            while pos < len(index) and index[pos][3:] == previous:
+                pos += 1
+            if pos >= len(index):
+                self._index = self._created = None
+                return CellChunk(out, None)
+            return CellChunk(out, index[pos][3:])
 
 
 class AsyncMemoryStore:
@@ -172,3 +229,7 @@ class AsyncMemoryStore:
 
     async def snapshot(self) -> dict[Cell, Value]:
         return self.sync.snapshot()
+
+    async def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
+        await asyncio.sleep(0)
+        return self.sync.list_cells(start, limit)

@@ -6,6 +6,11 @@ as a separate process (memory:// log), so the two do not share a GIL. Both run t
 writes: batches of ``--events`` sets, then single unscoped writes (automatic batches),
 from one thread and from four. Every write costs the sidecar client at least one round
 trip over the Unix socket, so expect a fraction of in-process speed.
+
+Then durable acknowledgements: a second sidecar ships to a wal3 log in a local folder
+(``file://``), and the same batches are closed durably (each close answered once its
+records are durable in the log) against plain closes, from one thread and from eight
+(concurrent durable closes share a flush).
 """
 
 from __future__ import annotations
@@ -59,23 +64,68 @@ def _runner(threads: int, work: Callable[[int], int]) -> Callable[[], int]:
     return lambda: _threaded(threads, work)
 
 
+def _start_sidecar(socket_path: Path, log: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sidecar", "--socket", str(socket_path),
+         "--log", log], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    banner = proc.stderr.readline()
+    if "listening" not in banner:
+        raise SystemExit(f"the sidecar did not start: {banner}")
+    return proc
+
+
+def _stop_sidecar(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def _durable_acks(folder: Path, args: argparse.Namespace) -> None:
+    proc = _start_sidecar(folder / "d", f"file://{folder}/log")
+    try:
+        plain = SidecarClient(str(folder / "d"), MemoryStore())
+        durable = SidecarClient(str(folder / "d"), MemoryStore(), durable=True)
+        print(f"durable vs plain closes, wal3 log in a local folder: {args.events}-set "
+              f"batches, best of {args.runs}")
+        for threads in (1, 8):
+            batches = max(20, args.batches // threads)
+            rates = {}
+            for name, api in (("plain", plain), ("durable", durable)):
+                rates[name] = best_of(args.runs, _runner(
+                    threads, lambda n, api=api, b=batches: _batches(api, b, args.events, n)))
+            report(f"{threads} thread(s), durable closes", rates["durable"], "plain",
+                   rates["plain"], "events/s", "informational: the price of durability")
+        plain.close()
+        durable.close()
+    finally:
+        _stop_sidecar(proc)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=400, help="batches per thread")
     parser.add_argument("--events", type=int, default=10, help="sets per batch")
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--only", choices=["capture", "durable"], default=None,
+                        help="run one part only")
     args = parser.parse_args(argv)
 
     folder = Path(tempfile.mkdtemp(prefix="cdc-bench-sc-", dir="/tmp"))
-    socket_path = folder / "s"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "sidecar", "--socket", str(socket_path),
-         "--log", "memory://"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
-        assert proc.stderr is not None
-        banner = proc.stderr.readline()
-        if "listening" not in banner:
-            raise SystemExit(f"the sidecar did not start: {banner}")
+        if args.only != "durable":
+            _capture(folder, args)
+        if args.only != "capture":
+            _durable_acks(folder, args)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _capture(folder: Path, args: argparse.Namespace) -> None:
+    socket_path = folder / "s"
+    proc = _start_sidecar(socket_path, "memory://")
+    try:
         agent = Agent(MemoryStore(), MemorySink())
         client = SidecarClient(str(socket_path), MemoryStore())
         print(f"sidecar vs in-process Agent: {args.batches} batches x {args.events} sets "
@@ -95,11 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         client.close()
         agent.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        if proc.stderr is not None:
-            proc.stderr.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop_sidecar(proc)
 
 
 if __name__ == "__main__":

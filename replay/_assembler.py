@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay._baseline import Baselines
 from replay._bulk import BrokenChain, NetChanges, cancel_out, net_changes
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
@@ -37,6 +38,7 @@ from sinks import EventBatch, Setsum
 from sinks._setsum import SETSUM_PRIMES
 from sinks.codec import (
     EVENT_SCHEMA,
+    SnapshotChunk,
     decode_key,
     decode_value,
     encode_key,
@@ -207,6 +209,8 @@ class Assembler:
         self._pending_events = 0
         self._failure: InconsistentLog | None = None
         self.late_duplicates = 0
+        # Snapshot chunks (replay._baseline): a consumer given no state learns it there.
+        self._baselines = Baselines(fresh=initial_state is None and position is None)
         if isinstance(position, str):
             position = Frontier.parse(position)
         if isinstance(position, Position):
@@ -226,7 +230,7 @@ class Assembler:
         """A decoded copy of the state at the last verified quiescence point."""
         return {_decode_cell(k): decode_value(v) for k, v in self._state.items()}  # type: ignore[misc]
 
-    def feed(self, record: ChangeEvent | EpochRecord | EventBatch, *,
+    def feed(self, record: ChangeEvent | EpochRecord | EventBatch | SnapshotChunk, *,
              defer: bool = False) -> list[Changeset]:
         """Take one record; return the changesets it completed (often none).
 
@@ -249,6 +253,8 @@ class Assembler:
             if not self._store_epoch(record) or defer:
                 return []
             return self._drain_domain(self._domains[record.domain_id], bulk=False)
+        if isinstance(record, SnapshotChunk):
+            return self._baselines.feed(self, record, defer=defer)
         raise TypeError(f"cannot assemble a {type(record).__name__}")
 
     def drain(self) -> list[Changeset]:
@@ -266,7 +272,8 @@ class Assembler:
         self._pending_events = 0
         return done
 
-    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
+    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch
+                                           | SnapshotChunk]
                    ) -> Iterator[Changeset]:
         """Feed every record; yield each changeset once verified (in bulk, for speed).
 
@@ -289,7 +296,7 @@ class Assembler:
         yield from self._drain_then_raise()
         self.check_gaps()
 
-    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch]
+    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
                ) -> Iterator[Snapshot]:
         """Like ``changesets``, but yield the whole state at every quiescence point."""
         state = self.state
@@ -312,6 +319,7 @@ class Assembler:
         A log may end in the middle of an interval (its tail is still being written);
         it may not skip an epoch.
         """
+        self._baselines.check_held()
         for domain in self._domains.values():
             waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]
             if waiting:
@@ -343,7 +351,8 @@ class Assembler:
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
 
-    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch]) -> bool:
+    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
+              ) -> bool:
         """Store records from ``source`` until _BULK_EVENTS events wait (False) or it
         ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed."""
         domains = self._domains
@@ -384,6 +393,8 @@ class Assembler:
         return True
 
     def _drain_domain(self, domain: _Domain, *, bulk: bool) -> list[Changeset]:
+        if self._baselines.wants(domain.domain_id):
+            return self._baselines.drain(self, domain)
         done: list[Changeset] = []
         try:
             if bulk:
@@ -393,6 +404,8 @@ class Assembler:
             while (changeset := self._advance(domain)) is not None:
                 done.append(changeset)
         except InconsistentLog as exc:
+            if self._baselines.hold(domain.domain_id, exc):
+                return done  # a fresh consumer waits for a baseline (replay._baseline)
             if not done:
                 raise
             self._failure = exc  # raised by the next call, after the good changesets

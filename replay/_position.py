@@ -8,8 +8,10 @@ has anything new for it. Text form, all numbers lowercase hex:
     <domain_id>:<epoch_seq>:<end_id>[+<seen>]
 
 ``end_id`` is the end of epoch Q: events of batches before it are applied. Bit i of
-``seen`` stands for epoch Q+1+i. A ``Frontier`` (several domains: a partially ordered
-time, seed 004) is the positions joined by ``,``, sorted by domain.
+``seen`` stands for epoch Q+1+i, for at most ``SEEN_BITS`` (64) epochs, so ``seen`` has
+at most 16 hex digits: a token is small, and parsing one is cheap whatever it holds.
+A ``Frontier`` (several domains: a partially ordered time, seed 004) is the positions
+joined by ``,``, sorted by domain.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Final
 
-__all__ = ["Frontier", "InvalidPosition", "Position"]
+__all__ = ["SEEN_BITS", "Frontier", "InvalidPosition", "Position"]
 
+SEEN_BITS: Final = 64  # epochs after Q a token's "seen" suffix can name
 _TOKEN = re.compile(r"([0-9a-f]{1,16}):([0-9a-f]{1,16}):([0-9a-f]{1,16})(?:\+([0-9a-f]+))?\Z")
 
 
@@ -36,6 +40,12 @@ class Position:
     end_id: int
     seen: int = 0  # bit i: epoch epoch_seq + 1 + i seen complete, not yet applicable
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.seen < 1 << SEEN_BITS:
+            raise InvalidPosition(
+                f"a position's seen set covers at most {SEEN_BITS} epochs "
+                f"(0 <= seen < 2**{SEEN_BITS}); got {self.seen.bit_length()} bits")
+
     @classmethod
     def parse(cls, text: str) -> Position:
         match = _TOKEN.match(text.strip().lower())
@@ -44,6 +54,10 @@ class Position:
                 f"position token {text!r:.80} is not of the form "
                 "<domain hex>:<epoch hex>:<end id hex>[+<seen hex>]")
         domain, epoch, end, seen = match.groups()
+        if seen is not None and len(seen) > SEEN_BITS // 4:
+            raise InvalidPosition(
+                f"position token {text!r:.80}: the +seen suffix has {len(seen)} hex digits; "
+                f"it names at most {SEEN_BITS} epochs ({SEEN_BITS // 4} hex digits)")
         return cls(int(domain, 16), int(epoch, 16), int(end, 16), int(seen or "0", 16))
 
     def __str__(self) -> str:
@@ -52,8 +66,8 @@ class Position:
 
     def seen_epochs(self) -> list[int]:
         """The epochs after ``epoch_seq`` already seen complete."""
-        return [self.epoch_seq + 1 + i for i in range(self.seen.bit_length())
-                if self.seen >> i & 1]
+        bits = f"{self.seen:b}"[::-1]  # one pass: no shift of a big int per bit
+        return [self.epoch_seq + 1 + i for i, bit in enumerate(bits) if bit == "1"]
 
     def covers(self, other: Position) -> bool:
         """True if this position is at or past ``other`` (same domain)."""

@@ -63,9 +63,23 @@ _SCALAR_TYPES: Final = frozenset({type(None), bool, int, float, str, bytes})
 _known_names: set[str] = set()
 
 
+def _check_text(what: str, text: str) -> None:
+    """Raise ``InvalidWrite`` unless ``text`` encodes as UTF-8 (what the codec writes)."""
+    if text.isascii():  # O(1) in CPython: most strings never reach the encoder
+        return
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidWrite(
+            f"{what} {text!r:.80} cannot be encoded as UTF-8 ({exc.reason} at index "
+            f"{exc.start}: {text[exc.start:exc.end]!r}); decode such text with "
+            "errors='replace' or store it as bytes"
+        ) from None
+
+
 def check_name(kind: str, name: object) -> str:
     """Return ``name`` if it is an identifier, else raise ``InvalidWrite`` naming ``kind``."""
-    if name in _known_names:
+    if type(name) is str and name in _known_names:  # type first: a list is unhashable
         return name
     if type(name) is not str or not _IDENTIFIER.match(name):
         raise InvalidWrite(
@@ -81,6 +95,7 @@ def check_row(row: object) -> RowKey:
     """Return ``row`` if it is a valid row key (``str`` or 64-bit ``int``)."""
     kind = type(row)
     if kind is str:
+        _check_text("row key", row)  # type: ignore[arg-type]
         return row  # type: ignore[return-value]
     if kind is int and INT64_MIN <= row <= INT64_MAX:  # type: ignore[operator]
         return row  # type: ignore[return-value]
@@ -103,25 +118,32 @@ def check_value(value: object) -> Value:
         )
     if kind is int and not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
         raise InvalidWrite(f"int value {value} does not fit in a signed 64-bit integer")
+    if kind is str:
+        _check_text("str value", value)  # type: ignore[arg-type]
     return value  # type: ignore[return-value]
 
 
-_UNBOUNDED_TYPES: Final = frozenset({type(None), bool, float, str, bytes})
+_UNBOUNDED_TYPES: Final = frozenset({type(None), bool, float, bytes})
 
 
 def check_write(table: object, row: object, column: object, value: object) -> None:
     """All the checks of one cell write in one call (the Agent's hot path).
 
-    Names already seen, a ``str`` or in-range ``int`` row and a value of a type with no
-    range to check cost a few set and type tests; anything else takes the full checks,
-    which raise ``InvalidWrite``.
+    Names already seen, an ASCII ``str`` or in-range ``int`` row and a value of a type
+    with no range to check (or an ASCII ``str``) cost a few set and type tests; anything
+    else takes the full checks, which raise ``InvalidWrite``.
     """
     known = _known_names
-    if (table in known and column in known
-            and (type(row) is str or (type(row) is int and INT64_MIN <= row <= INT64_MAX))
-            and (type(value) in _UNBOUNDED_TYPES
-                 or (type(value) is int and INT64_MIN <= value <= INT64_MAX))):
-        return
+    try:
+        if (table in known and column in known
+                and ((type(row) is str and row.isascii())
+                     or (type(row) is int and INT64_MIN <= row <= INT64_MAX))
+                and (type(value) in _UNBOUNDED_TYPES
+                     or (type(value) is str and value.isascii())
+                     or (type(value) is int and INT64_MIN <= value <= INT64_MAX))):
+            return
+    except TypeError:  # an unhashable table or column: the full checks name it
+        pass
     check_name("table", table)
     check_row(row)
     check_name("column", column)

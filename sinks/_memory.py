@@ -6,7 +6,14 @@ import threading
 
 from sequencer import ChangeEvent, EpochRecord, Record
 from sinks._protocol import SinkClosed
-from sinks.codec import EventBatch, decode, encode_epoch, encode_events
+from sinks.codec import (
+    EventBatch,
+    SnapshotChunk,
+    decode,
+    encode_epoch,
+    encode_events,
+    encode_snapshot,
+)
 
 __all__ = ["MemorySink", "RecordingSink"]
 
@@ -19,7 +26,7 @@ class MemorySink:
     """
 
     def __init__(self, *, keep_messages: bool = False) -> None:
-        self.records: list[Record] = []
+        self.records: list[Record | SnapshotChunk] = []
         self.messages: list[bytes] = []
         self.flushes = 0
         self.closed = False
@@ -41,6 +48,13 @@ class MemorySink:
             if self._keep_messages:
                 self.messages.append(encode_epoch(record))
 
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        self._check_open()
+        with self._lock:
+            self.records.append(chunk)
+            if self._keep_messages:
+                self.messages.append(encode_snapshot(chunk))
+
     def flush(self) -> None:
         self.flushes += 1
 
@@ -55,7 +69,11 @@ class MemorySink:
     def epochs(self) -> list[EpochRecord]:
         return [r for r in self.records if isinstance(r, EpochRecord)]
 
-    def decoded_messages(self) -> list[EventBatch | EpochRecord]:
+    @property
+    def snapshot_chunks(self) -> list[SnapshotChunk]:
+        return [r for r in self.records if isinstance(r, SnapshotChunk)]
+
+    def decoded_messages(self) -> list[EventBatch | EpochRecord | SnapshotChunk]:
         return [decode(m) for m in self.messages]
 
     def _check_open(self) -> None:
@@ -69,7 +87,7 @@ class RecordingSink:
     that replay the shipments into another sink or reader)."""
 
     def __init__(self) -> None:
-        self.items: list[EventBatch | EpochRecord] = []
+        self.items: list[EventBatch | EpochRecord | SnapshotChunk] = []
         self.closed = False
 
     def write_events(self, batch: EventBatch) -> None:
@@ -77,6 +95,9 @@ class RecordingSink:
 
     def write_epoch(self, record: EpochRecord) -> None:
         self.items.append(record)
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        self.items.append(chunk)
 
     def flush(self) -> None:
         pass

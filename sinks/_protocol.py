@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 from sequencer import EpochRecord
 from sinks.codec import EventBatch
 
-__all__ = ["Sink", "SinkClosed", "SinkError", "SinkTimeout"]
+__all__ = ["Sink", "SinkBackpressure", "SinkClosed", "SinkError", "SinkTimeout"]
 
 
 class SinkError(Exception):
@@ -16,6 +16,14 @@ class SinkError(Exception):
 
 class SinkTimeout(SinkError):
     """A sink did not make records durable within the time allowed."""
+
+
+class SinkBackpressure(SinkTimeout):
+    """The sink is behind and took nothing of this call: the same call may be retried.
+
+    The agent's shipper retries it (writers slow down meanwhile); a sink raises it only
+    when nothing of the records was queued, so a retry cannot duplicate them.
+    """
 
 
 class SinkClosed(SinkError):

@@ -1,9 +1,10 @@
 """The record codec: the one definition of cdc-agent's bytes on the wire and on disk.
 
 Every sink and every reader (the Spark job included) encodes and decodes through this
-module. Layout, version 1:
+module. Layout, version 2 (version 1 is the same without kind 0x03; readers accept
+both, writers write 2):
 
-    message    := MAGIC "CDC" | version u8 (= 1) | kind u8 | payload
+    message    := MAGIC "CDC" | version u8 (1 or 2) | kind u8 | payload
     kind 0x01  EVENTS: payload is an Arrow IPC stream of record batches of
                EVENT_SCHEMA (below), uncompressed.
     kind 0x02  EPOCH: payload is, big-endian,
@@ -11,6 +12,27 @@ module. Layout, version 1:
                event_count u64 | flags u8 (bit 0 quiescent, bit 1 stream present) |
                stream u32 | setsum 32 bytes (the digest; zeros if not computed) |
                n_tables u16 | n x (name_len u16 | name utf-8 | count u64)
+    kind 0x03  SNAPSHOT (version 2): one chunk of a baseline snapshot, the present cells
+               of a range of rows as they were at one quiescence point. Big-endian:
+               domain_id u64 | epoch_seq u64 | end_id u64 | baseline_id u64 |
+               index u32 | flags u8 (bit 0: last chunk) | cell_count u64 |
+               setsum 32 bytes | lo bound | hi bound | Arrow IPC stream of SNAPSHOT_SCHEMA
+               bound := 0x00 (open: before everything / after everything)
+                      | 0x01 table_len u16 | table utf-8 | row_len u16 | tagged key
+                        (row_len 0: the start of that table)
+               The chunk holds every present cell of the rows r with lo <= r < hi in
+               row order: by table (code points), then int keys (numerically) before
+               str keys (code points). (epoch_seq, end_id) name the quiescence point
+               the cells were read at (0, 0: the domain's start). Chunks of one
+               baseline are numbered from 0 and tile the row space: chunk 0 has an open
+               lo, each lo is the previous hi, the last has an open hi. A consumer
+               applies a chunk right after that quiescence point: the rows of its range
+               then hold exactly its cells. ``setsum`` is the setsum of one item, the
+               chunk digest (``chunk_digest``), so a baseline's setsum is the sum of its
+               chunks'.
+
+    SNAPSHOT_SCHEMA: table utf8, row binary (tagged key), column utf8,
+                     value binary (tagged value, never ABSENT)
 
     EVENT_SCHEMA: domain_id uint64, batch_id uint64, seq uint32, table utf8,
                   row binary (tagged key), column utf8, old binary (tagged value),
@@ -56,9 +78,12 @@ from sinks._setsum import Setsum
 __all__ = [
     "EVENT_SCHEMA",
     "FORMAT_VERSION",
+    "SNAPSHOT_SCHEMA",
     "SEGMENT_BITS",
     "CodecError",
     "EventBatch",
+    "SnapshotChunk",
+    "chunk_digest",
     "decode",
     "decode_key",
     "decode_value",
@@ -66,15 +91,18 @@ __all__ = [
     "encode_events",
     "encode_key",
     "encode_keys",
+    "encode_snapshot",
     "encode_value",
     "encode_values",
     "segment_digests",
 ]
 
 MAGIC: Final = b"CDC"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+READABLE_VERSIONS: Final = (1, 2)
 KIND_EVENTS: Final = 0x01
 KIND_EPOCH: Final = 0x02
+KIND_SNAPSHOT: Final = 0x03
 SEGMENT_BITS: Final = 16
 _SEGMENT_MAGIC: Final = b"CDCSEG1\x00"
 
@@ -89,7 +117,7 @@ EVENT_SCHEMA: Final = pa.schema(
         pa.field("old", pa.binary(), nullable=False),
         pa.field("new", pa.binary(), nullable=False),
     ],
-    metadata={b"cdc-agent.format": str(FORMAT_VERSION).encode()},
+    metadata={b"cdc-agent.format": b"1"},  # the event schema itself is unchanged since 1
 )
 _VAR_COLUMNS: Final = ("table", "row", "column", "old", "new")
 
@@ -133,7 +161,12 @@ def decode_value(raw: bytes) -> Value | Absent:
         return ABSENT
     tag = raw[0]
     if tag == 0x04:
-        return raw[1:].decode()
+        try:
+            return bytes(raw[1:]).decode()
+        except UnicodeDecodeError as exc:
+            raise CodecError(
+                f"invalid tagged value {bytes(raw[:16])!r}: the str is not UTF-8 ({exc.reason})"
+            ) from None
     if tag == 0x02 and len(raw) == 9:
         return int(_I64.unpack_from(raw, 1)[0])
     if tag == 0x03 and len(raw) == 9:
@@ -291,35 +324,85 @@ def encode_epoch(record: EpochRecord) -> bytes:
     return b"".join(parts)
 
 
-def decode(message: bytes | memoryview) -> EventBatch | EpochRecord:
+def decode(message: bytes | memoryview) -> EventBatch | EpochRecord | SnapshotChunk:
     """Decode one message, checking its magic and version."""
     raw = memoryview(message)
     if len(raw) < 5 or bytes(raw[:3]) != MAGIC:
         raise CodecError(f"not a cdc-agent message (starts {bytes(raw[:8])!r})")
     version, kind = raw[3], raw[4]
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CodecError(
-            f"message format version {version}; this reader knows version {FORMAT_VERSION}"
+            f"message format version {version}; this reader knows versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     if kind == KIND_EVENTS:
         return _decode_events(raw[5:])
     if kind == KIND_EPOCH:
         return _decode_epoch(raw[5:])
+    if kind == KIND_SNAPSHOT and version >= 2:
+        from sinks._snapshot_codec import decode_snapshot
+
+        return decode_snapshot(raw[5:])
     raise CodecError(f"unknown message kind {kind:#x}")
 
 
 def _decode_events(payload: memoryview) -> EventBatch:
+    """Read and fully validate an EVENTS payload: the bytes are untrusted, and Arrow's
+    cheap checks on read let a bad offset through to a crash in ``to_pylist``."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
-    except pa.ArrowInvalid as exc:
-        raise CodecError(f"corrupt EVENTS payload: {exc}") from exc
-    if not table.schema.equals(EVENT_SCHEMA):
-        raise CodecError(f"EVENTS payload has schema {table.schema}, not EVENT_SCHEMA")
-    batches = table.combine_chunks().to_batches()
-    data = batches[0] if batches else EVENT_SCHEMA.empty_table().to_batches(1)
-    if not isinstance(data, pa.RecordBatch):
-        data = pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+        if not table.schema.equals(EVENT_SCHEMA):
+            raise CodecError(f"EVENTS payload has schema {table.schema}, not EVENT_SCHEMA")
+        table.validate(full=True)  # offsets within their data, UTF-8 in the utf8 columns
+        batches = table.combine_chunks().to_batches()
+        data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+        _check_tags(data)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # CodecError is a ValueError
+        if isinstance(exc, CodecError):
+            raise
+        raise CodecError(f"corrupt EVENTS payload: {type(exc).__name__}: {exc}") from exc
     return EventBatch(data)
+
+
+def _check_tags(data: pa.RecordBatch) -> None:
+    """Refuse nulls, row keys that are not tagged keys and cells that are not tagged
+    values (so ``to_events`` and every reader of the columns can trust them)."""
+    for i, name in enumerate(EVENT_SCHEMA.names):
+        if data.column(i).null_count:
+            raise CodecError(f"EVENTS column {name!r} holds nulls")
+    for name in ("row", "old", "new"):
+        col = data.column(name)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1,
+                                offset=col.offset * 4).astype(np.int64)
+        raw = col.buffers()[2]
+        body = np.frombuffer(raw, dtype=np.uint8) if raw is not None else np.zeros(0, np.uint8)
+        lengths = offsets[1:] - offsets[:-1]
+        present = lengths > 0
+        tags = np.full(len(col), -1, dtype=np.int64)
+        tags[present] = body[offsets[:-1][present]]
+        second = np.full(len(col), -1, dtype=np.int64)
+        two = lengths >= 2
+        second[two] = body[offsets[:-1][two] + 1]
+        fixed = (tags == 0x02) | (tags == 0x03)
+        if name == "row":
+            ok = ((tags == 0x02) & (lengths == 9)) | (tags == 0x04)
+        else:
+            ok = (~present | ((tags == 0x00) & (lengths == 1))
+                  | ((tags == 0x01) & (lengths == 2) & ((second == 0) | (second == 1)))
+                  | (fixed & (lengths == 9)) | (tags == 0x04) | (tags == 0x05))
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            at = int(bad[0])
+            raise CodecError(f"EVENTS row {at}: {name} is not a tagged "
+                             f"{'key' if name == 'row' else 'value'}: "
+                             f"{col[at].as_py()[:16]!r}")
+        text = np.flatnonzero(tags == 0x04)
+        if len(text):  # the str payloads must be UTF-8, as decode_value will need
+            strings = pc.binary_slice(col.take(pa.array(text)), 1, 2**31 - 1)
+            try:
+                strings.cast(pa.utf8())
+            except pa.ArrowInvalid as exc:
+                raise CodecError(f"EVENTS column {name!r} holds a str that is not UTF-8") from exc
 
 
 def _decode_epoch(payload: memoryview) -> EpochRecord:
@@ -476,3 +559,13 @@ def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int,
 def digests_setsum(digests: Sequence[bytes]) -> Setsum:
     """The setsum of items given by their digests."""
     return Setsum().insert_digests(b"".join(digests))
+
+
+# -- snapshot chunks (kind 0x03; the layout lives in sinks._snapshot_codec) -------------
+
+from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above
+    SNAPSHOT_SCHEMA,
+    SnapshotChunk,
+    chunk_digest,
+    encode_snapshot,
+)

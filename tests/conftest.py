@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.services.kafka",
     "tests.services.postgres",
     "tests.services.s3",
+    "tests.services.spark",
 ]

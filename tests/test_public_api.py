@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import agent
 import replay
+import replay.spark
 import sequencer
 import sinks
 import sinks.objstore
@@ -23,6 +24,8 @@ def test_stable_names_are_exported() -> None:
                      "LogWriter", "LogReader"},
         sinks.objstore: {"ObjectStore", "open_store", "InMemoryObjectStore", "LocalStore",
                          "S3Store"},
+        replay.spark: {"changesets", "events", "snapshot", "to_state", "verify", "wide",
+                       "LogReplay", "write_changesets", "write_state"},
     }
     for module, names in promised.items():
         assert names <= set(module.__all__), module.__name__

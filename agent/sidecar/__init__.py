@@ -9,7 +9,7 @@ the Python client with the ``Agent`` API.
 
 from agent.sidecar._client import SidecarClient, SidecarError, SidecarUnavailable
 from agent.sidecar._protocol import PROTOCOL_VERSION, ProtocolError
-from agent.sidecar._server import Sidecar, SidecarAddressInUse
+from agent.sidecar._server import Sidecar, SidecarAddressInUse, SidecarSocketError
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -18,5 +18,6 @@ __all__ = [
     "SidecarAddressInUse",
     "SidecarClient",
     "SidecarError",
+    "SidecarSocketError",
     "SidecarUnavailable",
 ]

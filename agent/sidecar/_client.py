@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from agent._agent import AgentClosed, QuiescenceTimeout, check_conditional, check_update
 from agent._scope import BatchScope
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import RelaxedStore
 from agent.sidecar import _protocol as p
 from sequencer import (
@@ -66,6 +66,7 @@ _MAPPED: dict[str, Callable[[str], Exception]] = {
     p.CLOSING: AgentClosed,
     p.QUIESCENCE_TIMEOUT: QuiescenceTimeout,
     p.SHIPPING_FAILED: ShippingFailed,
+    p.BACKPRESSURE: ShippingBackpressure,
 }
 
 
@@ -77,7 +78,8 @@ class _Connection:
     pipelines a request whose reply is read later (its error, if any, is raised by the
     next ``call``)."""
 
-    def __init__(self, path: str, client: str, timeout: float | None) -> None:
+    def __init__(self, path: str, client: str, timeout: float | None,
+                 durable: bool = False) -> None:
         self.path = path
         self.broken = False
         self._lock = threading.Lock()
@@ -93,7 +95,8 @@ class _Connection:
                                      "is `cdc-agent sidecar` running there?") from exc
         self._sock = sock
         self._file = sock.makefile("rb")
-        hello = self.call("hello", protocol=p.PROTOCOL_VERSION, client=client)
+        extra = {"durable": True} if durable else {}
+        hello = self.call("hello", protocol=p.PROTOCOL_VERSION, client=client, **extra)
         self.domain_id = int(hello["domain_id"], 16)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -163,12 +166,25 @@ def _error(reply: dict[str, Any], prefix: str = "") -> Exception:
 
 
 class _ClientBatch:
-    __slots__ = ("connection", "depth", "name")
+    __slots__ = ("connection", "depth", "durable", "name")
 
     def __init__(self, connection: _Connection, name: str) -> None:
         self.connection = connection
         self.name = name
         self.depth = 1
+        self.durable = False
+
+
+class _DurableScope(BatchScope):
+    """``client.batch(durable=True)``: the batch (the outer one, when nested) closes
+    only once its records are durable in the sink."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        assert isinstance(self._batch, _ClientBatch)
+        self._batch.durable = True
 
 
 class SidecarClient:
@@ -182,9 +198,11 @@ class SidecarClient:
     """
 
     def __init__(self, socket_path: str, store: RelaxedStore, *,
-                 client_name: str = "python", timeout: float | None = None) -> None:
+                 client_name: str = "python", timeout: float | None = None,
+                 durable: bool = False) -> None:
         self.socket_path = str(socket_path)
         self.store = store
+        self.durable = durable
         self._client_name = client_name
         self._timeout = timeout
         self._local = threading.local()
@@ -202,7 +220,8 @@ class SidecarClient:
         if connection is None or connection.broken:
             if self._closed:
                 raise AgentClosed("this SidecarClient is closed")
-            connection = _Connection(self.socket_path, self._client_name, self._timeout)
+            connection = _Connection(self.socket_path, self._client_name, self._timeout,
+                                     self.durable)
             with self._all_lock:
                 live: list[tuple[threading.Thread, _Connection]] = []
                 ended: list[tuple[threading.Thread, _Connection]] = []
@@ -233,14 +252,21 @@ class SidecarClient:
 
     # -- batches -------------------------------------------------------------------------
 
-    def batch(self) -> BatchScope:
-        """A write batch for the block: ``with client.batch(): ...`` (joins an outer one)."""
-        return BatchScope(self)
+    def batch(self, *, durable: bool = False) -> BatchScope:
+        """A write batch for the block: ``with client.batch(): ...`` (joins an outer one).
+
+        ``durable=True``: the block's end returns only once the batch's records are
+        durable in the sidecar's sink (so does every close of a ``durable`` client).
+        """
+        return _DurableScope(self) if durable else BatchScope(self)
 
     def _close(self, batch: _ClientBatch) -> None:
         """Close a batch at the end of its outermost block (even when the body raised:
         the writes that took effect are real)."""
-        batch.connection.call("close", batch=batch.name)
+        if batch.durable:
+            batch.connection.call("close", batch=batch.name, durable=True)
+        else:
+            batch.connection.call("close", batch=batch.name)
 
     async def _aopen(self) -> _ClientBatch:
         raise TypeError("SidecarClient is synchronous: use `with client.batch():`")

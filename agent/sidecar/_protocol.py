@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ __all__ = [
     "Event",
     "Events",
     "Flush",
+    "Health",
     "Hello",
     "Open",
     "Ping",
@@ -87,7 +89,10 @@ UNSUPPORTED_PROTOCOL: Final = "unsupported_protocol"
 CLOSING: Final = "closing"                # the sidecar is shutting down: no new batch
 QUIESCENCE_TIMEOUT: Final = "quiescence_timeout"  # forced quiescence held the batch back
 SHIPPING_FAILED: Final = "shipping_failed"  # the sink failed; the log misses records
+BACKPRESSURE: Final = "backpressure"      # the sink is behind: no new batch for now
+UNHEALTHY: Final = "unhealthy"            # health: the sidecar cannot capture (says why)
 LINE_TOO_LONG: Final = "line_too_long"    # over the line limit; the connection closes
+MEMORY_LIMIT: Final = "memory_limit"      # the global request budget is spent; closes
 INTERNAL: Final = "internal"              # a sidecar bug (logged); the connection stays
 
 
@@ -109,6 +114,7 @@ class Hello:
     id: RequestId
     protocol: int
     client: str
+    durable: bool = False  # this connection's closes answer once durable in the sink
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +139,7 @@ class Close:
     id: RequestId
     batch: str
     events: list[Event]
+    durable: bool | None = None  # None: the connection's choice (hello's "durable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +147,16 @@ class Flush:
     id: RequestId
 
 
-Request: TypeAlias = Hello | Ping | Open | Events | Close | Flush
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A liveness probe (allowed before ``hello``): ok when the sidecar can capture."""
 
-_OPS: Final = ("hello", "ping", "open", "events", "close", "flush")
+    id: RequestId
+
+
+Request: TypeAlias = Hello | Ping | Open | Events | Close | Flush | Health
+
+_OPS: Final = ("hello", "ping", "open", "events", "close", "flush", "health")
 
 
 def _refuse_constant(name: str) -> Any:
@@ -157,9 +171,7 @@ def parse_request(line: bytes | str) -> Request:
         raise ProtocolError(BAD_JSON, f"the line is not valid JSON: {exc}") from None
     if type(message) is not dict:
         raise ProtocolError(BAD_JSON, "a request is a JSON object, one per line")
-    request_id = message.get("id")
-    if request_id is not None and type(request_id) not in (str, int, float, bool):
-        raise ProtocolError(BAD_REQUEST, "\"id\" must be a JSON scalar (string or number)")
+    request_id = _request_id(message.get("id"))
     op = message.get("op")
     if op not in _OPS:
         raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(_OPS)}",
@@ -175,7 +187,9 @@ def parse_request(line: bytes | str) -> Request:
                 raise ProtocolError(BAD_REQUEST, f"{op} needs \"events\": a list of "
                                     "[table, row, column, old, new]")
             events = [_decode_event(i, raw) for i, raw in enumerate(raw_events)]
-            return (Events if op == "events" else Close)(request_id, batch, events)
+            if op == "events":
+                return Events(request_id, batch, events)
+            return Close(request_id, batch, events, _optional_bool(message, "durable"))
         if op == "hello":
             protocol = message.get("protocol")
             client = message.get("client", "")
@@ -183,15 +197,44 @@ def parse_request(line: bytes | str) -> Request:
                 raise ProtocolError(BAD_REQUEST, "hello needs \"protocol\": an integer "
                                     f"(this sidecar speaks {PROTOCOL_VERSION}) and an "
                                     "optional \"client\" string")
-            return Hello(request_id, protocol, client)
+            return Hello(request_id, protocol, client,
+                         _optional_bool(message, "durable") or False)
         if op == "ping":
             return Ping(request_id)
         if op == "open":
             return Open(request_id)
+        if op == "health":
+            return Health(request_id)
         return Flush(request_id)
     except ProtocolError as exc:
         exc.request_id = request_id
         raise
+
+
+def _optional_bool(message: dict[str, Any], name: str) -> bool | None:
+    value = message.get(name)
+    if value is not None and type(value) is not bool:
+        raise ProtocolError(BAD_REQUEST, f"\"{name}\" must be true or false")
+    return value
+
+
+def _request_id(raw: object) -> RequestId:
+    """The request's ``id``, if the reply can echo it (else ``bad_request``, id null)."""
+    if raw is None:
+        return None
+    kind = type(raw)
+    if kind not in (str, int, float, bool):
+        raise ProtocolError(BAD_REQUEST, "\"id\" must be a JSON scalar (string or number)")
+    if kind is float and not math.isfinite(raw):  # type: ignore[arg-type]
+        raise ProtocolError(BAD_REQUEST, "\"id\" is a number out of the double range "
+                            "(e.g. 1e400); use a smaller number or a string")
+    if kind is str:
+        try:
+            raw.encode("utf-8")  # type: ignore[attr-defined]
+        except UnicodeEncodeError:
+            raise ProtocolError(BAD_REQUEST, "\"id\" holds a lone surrogate; strings must "
+                                "be valid Unicode") from None
+    return raw  # type: ignore[return-value]
 
 
 def _decode_event(index: int, raw: object) -> Event:
@@ -199,6 +242,10 @@ def _decode_event(index: int, raw: object) -> Event:
         raise ProtocolError(BAD_REQUEST, f"event {index}: an event is a list "
                             "[table, row, column, old, new]")
     table, row, column, old, new = raw
+    for kind, name in (("table", table), ("column", column)):
+        if type(name) is not str:
+            raise ProtocolError(BAD_REQUEST, f"event {index}: the {kind} must be a string "
+                                f"(an identifier), not a JSON {_json_type(name)}")
     try:
         check_name("table", table)
         row_key = check_row(decode_row(row))
@@ -217,6 +264,11 @@ def _decode_event(index: int, raw: object) -> Event:
         raise ProtocolError(INVALID_WRITE, f"event {index}: old and new are both absent: "
                             "nothing changed, so there is no event to report")
     return (table, row_key, column, old_value, new_value)
+
+
+def _json_type(obj: object) -> str:
+    return {list: "array", dict: "object", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(obj), type(obj).__name__)
 
 
 # -- values ---------------------------------------------------------------------------
@@ -337,8 +389,12 @@ def encode_reply(request_id: RequestId, **fields: Any) -> bytes:
 
 
 def encode_error(request_id: RequestId, code: str, message: str) -> bytes:
-    """A failure reply line."""
-    return _line({"id": request_id, "ok": False, "error": code, "message": message})
+    """A failure reply line (always one: what cannot be encoded is escaped or dropped)."""
+    try:
+        return _line({"id": request_id, "ok": False, "error": code, "message": message})
+    except (ValueError, TypeError):  # an id or message JSON cannot carry (UnicodeError too)
+        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return _line({"id": None, "ok": False, "error": code, "message": safe})
 
 
 def decode_reply(line: bytes) -> dict[str, Any]:

@@ -30,19 +30,62 @@ from typing import Final
 import structlog
 
 from agent._agent import AgentClosed, QuiescenceTimeout, _Batch, _Capture
-from agent._shipper import ShippingFailed
+from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
 
-__all__ = ["Sidecar", "SidecarAddressInUse"]
+__all__ = ["SOCKET_MODE", "Sidecar", "SidecarAddressInUse", "SidecarSocketError"]
 
 log = structlog.get_logger()
 
 MAX_LINE: Final = 16 << 20  # bytes per request line; longer ends the connection
+MAX_BUFFERED: Final = 64 << 20  # bytes of unhandled requests held across all connections
+# Owner and group may connect (connecting needs write permission on the socket file):
+# put the clients' users in the sidecar's group, or pass socket_mode=0o666.
+SOCKET_MODE: Final = 0o660
+_MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final NUL
+
+
+class _OverBudget(Exception):
+    """This connection's unfinished request was refused: the global budget is spent."""
+
+
+class _Budget:
+    """Bytes received but not yet handled, across all connections, against a limit.
+
+    Over the limit, a connection that sends more is paused (the kernel then holds the
+    client's writes back) until the total falls to half the limit. If no connection
+    holds a whole request that would free bytes, the one holding the largest
+    unfinished request is refused (``memory_limit``) and closed, so the sidecar never
+    waits on itself.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.readers: set[_Reader] = set()
+        self.paused: set[_Reader] = set()
+
+    def release(self, count: int) -> None:
+        self.used -= count
+        if self.paused and self.used <= self.limit // 2:
+            paused, self.paused = self.paused, set()
+            for reader in paused:
+                reader.resume()
+
+    def over(self, reader: _Reader) -> None:
+        if any(other.has_request() for other in self.readers):
+            reader.pause()  # others will free bytes as they handle their requests
+            self.paused.add(reader)
+            return
+        victim = max(self.readers, key=lambda r: r.buffered())
+        victim.pause()
+        victim.set_exception(_OverBudget(victim.buffered()))
 
 
 class _Reader(asyncio.StreamReader):
-    """A ``StreamReader`` that turns a connection reset into end of stream.
+    """A ``StreamReader`` that turns a connection reset into end of stream, and counts
+    its buffered bytes against the sidecar's global budget.
 
     A client that dies with replies unread in its socket makes the kernel report
     ECONNRESET to the sidecar; ``StreamReader`` would then raise at once and drop
@@ -50,14 +93,64 @@ class _Reader(asyncio.StreamReader):
     all, then see the end of the stream.
     """
 
+    # StreamReader keeps its buffer and flow control in private fields (_buffer,
+    # _transport, _paused); the budget reads and drives them the way it does itself.
+
+    def __init__(self, budget: _Budget, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._budget = budget
+        budget.readers.add(self)
+
     def set_exception(self, exc: Exception) -> None:
         if isinstance(exc, ConnectionError):
             self.feed_eof()
         else:
             super().set_exception(exc)
 
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]
+        super().feed_data(data)
+        budget = self._budget
+        budget.used += len(data)
+        if budget.used > budget.limit:
+            budget.over(self)
 
-class SidecarAddressInUse(OSError):
+    def buffered(self) -> int:
+        return len(self._buffer)  # type: ignore[attr-defined]
+
+    def has_request(self) -> bool:
+        return self._buffer.find(b"\n") >= 0  # type: ignore[attr-defined,no-any-return]
+
+    def pause(self) -> None:
+        transport = self._transport  # type: ignore[attr-defined]
+        if transport is not None and not self._paused:  # type: ignore[has-type]
+            self._paused = True
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        transport = self._transport  # type: ignore[attr-defined]
+        if transport is not None and self._paused:
+            self._paused = False
+            transport.resume_reading()
+
+    def consumed(self, count: int) -> None:
+        """``count`` buffered bytes were taken out (a request line)."""
+        self._budget.release(count)
+
+    def detach(self) -> None:
+        """The connection ended: give its remaining bytes back to the budget."""
+        budget = self._budget
+        budget.readers.discard(self)
+        budget.paused.discard(self)
+        left = self.buffered()
+        self._buffer.clear()  # type: ignore[attr-defined]
+        budget.release(left)
+
+
+class SidecarSocketError(OSError):
+    """The socket path cannot be listened on; the message says why and what to do."""
+
+
+class SidecarAddressInUse(SidecarSocketError):
     """Another sidecar already listens on the socket path."""
 
 
@@ -66,6 +159,7 @@ class _Connection:
     number: int
     client: str = ""
     greeted: bool = False
+    durable: bool = False  # closes answer once durable in the sink (hello's "durable")
     batches: dict[str, _Batch] = field(default_factory=dict)
 
 
@@ -79,8 +173,13 @@ class Sidecar(_Capture):
     """
 
     def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
-                 **options: object) -> None:
+                 max_buffered: int = MAX_BUFFERED, **options: object) -> None:
+        if max_buffered < max_line:
+            raise ValueError(f"max_buffered ({max_buffered}) must be at least max_line "
+                             f"({max_line}): one whole request must fit")
         super().__init__(sink, **options)  # type: ignore[arg-type]
+        self._budget = _Budget(max_buffered)
+        self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
         self.grace_period = grace_period
         self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
@@ -95,11 +194,14 @@ class Sidecar(_Capture):
 
     async def serve(self, socket_path: str | os.PathLike[str], *,
                     started: Callable[[], None] | None = None,
-                    handle_signals: bool = False) -> None:
+                    handle_signals: bool = False, socket_mode: int = SOCKET_MODE) -> None:
         """Listen on ``socket_path`` until ``stop()``, then shut down gracefully.
 
         A stale socket file (nothing listening) is replaced; a live one raises
-        ``SidecarAddressInUse``. ``started()`` runs once the socket accepts connections.
+        ``SidecarAddressInUse``, a path that cannot be a socket ``SidecarSocketError``.
+        The socket file gets ``socket_mode`` (default 0o660: owner and group may
+        connect) before it accepts connections. ``started()`` runs once the socket
+        accepts connections.
 
         Shutdown order:
         # Step 1. Stop accepting connections.
@@ -118,10 +220,17 @@ class Sidecar(_Capture):
         _remove_stale_socket(path)
 
         def connection_protocol() -> asyncio.StreamReaderProtocol:
-            reader = _Reader(limit=self.max_line, loop=loop)
+            reader = _Reader(self._budget, limit=self.max_line, loop=loop)
             return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
 
-        server = await loop.create_unix_server(connection_protocol, path=str(path))
+        listener = _bind(path, socket_mode)
+        try:
+            server = await loop.create_unix_server(connection_protocol, sock=listener)
+        except BaseException:
+            listener.close()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
         inode = path.stat().st_ino
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -173,6 +282,11 @@ class Sidecar(_Capture):
                         path.unlink()
                 log.info("cdc.sidecar_stopped", socket=str(path), **self.stats)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of requests received and not yet handled, over all connections."""
+        return self._budget.used
+
     def stop(self) -> None:
         """Ask ``serve()`` to shut down (from any thread)."""
         loop, event = self._loop, self._stop_event
@@ -210,6 +324,8 @@ class Sidecar(_Capture):
         except (ConnectionError, BrokenPipeError):
             pass  # the client went away; its batches are closed below
         finally:
+            if isinstance(reader, _Reader):
+                reader.detach()
             try:
                 self._close_batches(connection, "the client disconnected")
             finally:
@@ -219,13 +335,30 @@ class Sidecar(_Capture):
 
     async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
+        budgeted = reader if isinstance(reader, _Reader) else None
+
+        def consumed(count: int) -> None:
+            if budgeted is not None:
+                budgeted.consumed(count)
+
         while True:
             try:
                 line = await reader.readuntil(b"\n")
+                consumed(len(line))
             except asyncio.IncompleteReadError as exc:
+                consumed(len(exc.partial))
                 if not exc.partial.strip():
                     return  # end of stream
                 line = exc.partial  # a last request without its newline
+            except _OverBudget as exc:
+                writer.write(p.encode_error(
+                    None, p.MEMORY_LIMIT, f"the sidecar holds at most {self._budget.limit} "
+                    "bytes of unhandled requests over all connections, and this "
+                    f"connection's unfinished request ({exc.args[0]} bytes so far) was the "
+                    "largest when that was spent; the connection closes (its open batches "
+                    "too): send smaller requests (split events over several)"))
+                await writer.drain()
+                return
             except asyncio.LimitOverrunError:
                 writer.write(p.encode_error(None, p.LINE_TOO_LONG,
                                             f"a request line is limited to {self.max_line} "
@@ -250,6 +383,10 @@ class Sidecar(_Capture):
             request = p.parse_request(line)
         except p.ProtocolError as exc:
             return p.encode_error(exc.request_id, exc.code, exc.message)
+        except Exception as exc:  # a parser bug: still one reply, the connection stays
+            log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            return p.encode_error(None, p.INTERNAL, f"the sidecar failed to parse the "
+                                  f"request: {exc!r}")
         try:
             return await self._handle(connection, request)
         except p.ProtocolError as exc:
@@ -260,11 +397,15 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
         except ShippingFailed as exc:
             return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
+        except ShippingBackpressure as exc:
+            return p.encode_error(request.id, p.BACKPRESSURE, str(exc))
         except Exception as exc:  # a sidecar bug: answer it, keep the connection
             log.exception("cdc.sidecar_internal_error", connection=connection.number)
             return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
 
     async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
+        if type(request) is p.Health:
+            return self._health(request)
         if type(request) is p.Hello:
             if request.protocol != p.PROTOCOL_VERSION:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
@@ -272,6 +413,7 @@ class Sidecar(_Capture):
                                       f"sidecar speaks {p.PROTOCOL_VERSION}")
             connection.greeted = True
             connection.client = request.client
+            connection.durable = request.durable
             return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
@@ -296,10 +438,66 @@ class Sidecar(_Capture):
             if type(request) is p.Close:
                 del connection.batches[request.batch]
                 self._close_batch(target)
+                durable = connection.durable if request.durable is None else request.durable
+                if durable:  # answer once the batch's records are durable in the sink
+                    await self._durable()
+                    return p.encode_reply(request.id, events=count, durable=True)
             return p.encode_reply(request.id, events=count)
         assert type(request) is p.Flush
-        await asyncio.get_running_loop().run_in_executor(None, self.flush)
+        await self._durable()
         return p.encode_reply(request.id)
+
+    def health_problem(self) -> str | None:
+        """Why the sidecar cannot capture now, or ``None`` when it can."""
+        shipper = self._shipper
+        if shipper.error is not None:
+            return (f"shipping to the sink failed ({shipper.error!r}); the log misses "
+                    "records from then on: restart the sidecar with a working sink")
+        if self.stopping.is_set():
+            return "the sidecar is shutting down"
+        if not shipper.alive:
+            return "the shipping thread is not running"
+        behind = shipper.behind_since
+        if behind is not None and time.monotonic() - behind > self._backpressure_timeout:
+            return (f"the sink has refused records for {time.monotonic() - behind:.0f}s "
+                    f"({shipper.pending()} queued); new batches are refused: check the "
+                    "sink (its store or brokers)")
+        return None
+
+    def _health(self, request: p.Health) -> bytes:
+        problem = self.health_problem()
+        if problem is not None:
+            raise p.ProtocolError(p.UNHEALTHY, problem)
+        shipper = self._shipper
+        return p.encode_reply(
+            request.id, healthy=True, open_batches=sum(len(c.batches) for c in
+                                                       self._connections),
+            connections=len(self._connections), queue_depth=shipper.pending(),
+            last_quiescence_age=round(time.monotonic() - shipper.last_quiescent_at, 3),
+            batches=self._batches_closed, events=shipper.shipped_events)
+
+    async def _durable(self) -> None:
+        """Wait, without blocking the loop, until every record handed to the shipper so
+        far is durable in the sink (concurrent waits share one sink flush)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(ShippingFailed(
+                    f"shipping to the sink failed ({error!r}); the records of this batch "
+                    "may not be durable"))
+
+        def flushed(error: BaseException | None) -> None:  # on the shipping thread
+            with contextlib.suppress(RuntimeError):  # the loop ended: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        self._shipper.request_flush(flushed)
+        await done
 
     def _close_batch(self, batch: _Batch) -> None:
         self._close(batch)
@@ -322,12 +520,50 @@ class Sidecar(_Capture):
                     batches=sorted(batches), events=events)
 
 
+def _bind(path: Path, mode: int) -> socket.socket:
+    """A Unix socket bound at ``path`` with ``mode``, not yet listening (so no client
+    connects before the mode is set)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+    except FileNotFoundError:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: the folder "
+                                 f"{path.parent} does not exist; create it first") from None
+    except PermissionError:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: no permission to write "
+                                 f"in {path.parent}; choose a folder this user can write "
+                                 "(or fix its permissions)") from None
+    except OSError as exc:
+        sock.close()
+        raise SidecarSocketError(f"cannot create the socket {path}: {exc.strerror or exc}"
+                                 ) from exc
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise SidecarSocketError(f"cannot set mode {mode:o} on the socket {path}: "
+                                 f"{exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
 def _remove_stale_socket(path: Path) -> None:
     """Remove a socket file nobody listens on; refuse a live one or a non-socket."""
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise SidecarSocketError(f"socket path {path} is {len(os.fsencode(path))} bytes; "
+                                 f"Unix sockets allow at most {_MAX_SOCKET_PATH}: choose a "
+                                 "shorter path (e.g. under /run or /tmp)")
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
         return
+    except OSError as exc:  # a parent is not a folder, or may not be searched
+        raise SidecarSocketError(f"cannot use the socket path {path}: "
+                                 f"{exc.strerror or exc}") from exc
     if not stat.S_ISSOCK(mode):
         raise SidecarAddressInUse(f"{path} exists and is not a socket; choose another path "
                                   "or remove it")
@@ -337,5 +573,9 @@ def _remove_stale_socket(path: Path) -> None:
         except (ConnectionRefusedError, FileNotFoundError):
             path.unlink(missing_ok=True)  # stale: its sidecar is gone
             return
+        except PermissionError:
+            raise SidecarSocketError(f"the socket {path} exists and this user may not "
+                                     "connect to it (another user's sidecar?); choose "
+                                     "another --socket") from None
     raise SidecarAddressInUse(f"a sidecar already listens on {path}; stop it first or "
                               "choose another --socket")

@@ -11,6 +11,7 @@ from sinks.wal3._async import AsyncLogWriter
 from sinks.wal3._cursors import Cursor, CursorStore, Witness
 from sinks.wal3._errors import (
     AlreadyInitialized,
+    CorruptCursor,
     CorruptFragment,
     CorruptGarbage,
     CorruptLog,
@@ -47,6 +48,7 @@ from sinks.wal3._writer import LogWriter, WriterOptions
 __all__ = [
     "AlreadyInitialized",
     "AsyncLogWriter",
+    "CorruptCursor",
     "CorruptFragment",
     "CorruptGarbage",
     "CorruptLog",

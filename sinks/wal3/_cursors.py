@@ -14,15 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sinks.objstore import ObjectStore
-from sinks.wal3._errors import CursorContention, NoSuchCursor, Wal3Error
+from sinks.wal3._errors import CorruptCursor, CursorContention, NoSuchCursor
 from sinks.wal3._paths import CURSOR_PREFIX, cursor_path, valid_cursor_name
 from sinks.wal3._store import LogStore, PreconditionFailed, as_store
 
-__all__ = ["Cursor", "CursorStore", "Witness"]
+__all__ = ["CorruptCursor", "Cursor", "CursorStore", "Witness"]
 
-
-class CorruptCursor(Wal3Error):
-    """A cursor file is not valid cursor JSON."""
+_MAX_U64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +41,16 @@ class Cursor:
             obj: Any = json.loads(data)
             position = obj["position"]["offset"]
             epoch_us, writer = obj["epoch_us"], obj["writer"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCursor(f"cursor {name} is not valid cursor JSON: {exc!r}") from None
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            reason = ("nested too deeply" if isinstance(exc, RecursionError)
+                      else f"no field {exc}" if isinstance(exc, KeyError) else repr(exc))
+            raise CorruptCursor(
+                f"cursor {name} is not valid cursor JSON: {reason:.200}") from None
         if type(position) is not int or type(epoch_us) is not int or not isinstance(writer, str):
             raise CorruptCursor(f"cursor {name} has fields of the wrong type")
+        if not 0 <= position <= _MAX_U64:  # an offset is a u64 (Chroma's LogPosition)
+            raise CorruptCursor(
+                f"cursor {name} holds offset {str(position)[:40]}, not an unsigned 64-bit integer")
         return cls(position, epoch_us, writer)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sinks._protocol import SinkError, SinkTimeout
+from sinks._protocol import SinkBackpressure, SinkError
 
 __all__ = [
     "AlreadyInitialized",
+    "CorruptCursor",
     "CorruptFragment",
     "CorruptGarbage",
     "CorruptLog",
@@ -48,6 +49,10 @@ class CorruptFragment(CorruptLog):
     """A fragment fails to parse or its contents do not match the manifest's setsum."""
 
 
+class CorruptCursor(CorruptLog):
+    """A cursor file is not valid cursor JSON, or points outside the log."""
+
+
 class CorruptGarbage(CorruptLog):
     """The garbage file is unparseable or its setsums do not balance."""
 
@@ -60,7 +65,7 @@ class LogContention(Wal3Error):
     """
 
 
-class LogBackpressure(Wal3Error, SinkTimeout):
+class LogBackpressure(Wal3Error, SinkBackpressure):
     """The writer's queue is full: the store cannot keep up. Nothing was queued; retry."""
 
 

@@ -41,6 +41,10 @@ def record_setsum(start: int, timestamp_us: int, bodies: Sequence[bytes]) -> Set
     return Setsum.of(pack(start + i, timestamp_us) + bytes(body) for i, body in enumerate(bodies))
 
 
+def _is_binary(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
 @dataclass(frozen=True, slots=True)
 class FragmentData:
     """The decoded records of one fragment."""
@@ -85,20 +89,34 @@ def decode_fragment(
     """
     try:
         table = pq.read_table(pa.BufferReader(data))
-    except (pa.ArrowException, OSError) as exc:
-        raise CorruptFragment(f"{path} is not a readable Parquet file: {exc}") from exc
-    names = table.schema.names
-    try:
-        if "offset" in names:
-            offsets = table.column("offset").to_pylist()
-        elif "relative_offset" in names and start is not None:
-            offsets = [start + o for o in table.column("relative_offset").to_pylist()]
-        else:
-            raise CorruptFragment(f"{path} has no offset column (columns: {names})")
-        timestamps = table.column("timestamp_us").to_pylist()
-        bodies = table.column("body").to_pylist()
-    except KeyError as exc:
-        raise CorruptFragment(f"{path} lacks a column: {exc}") from exc
+        names = table.schema.names
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        # ValueError: e.g. a column name that is not UTF-8 (pyarrow decodes names).
+        raise CorruptFragment(
+            f"{path} is not a readable Parquet file: {type(exc).__name__}: {exc}") from exc
+    if "offset" in names:
+        offset_name = "offset"
+    elif "relative_offset" in names and start is not None:
+        offset_name = "relative_offset"
+    else:
+        raise CorruptFragment(f"{path} has no offset column (columns: {names!r:.200})")
+    columns = {}
+    for name, want in ((offset_name, pa.types.is_unsigned_integer),
+                       ("timestamp_us", pa.types.is_unsigned_integer),
+                       ("body", _is_binary)):
+        if names.count(name) != 1:
+            raise CorruptFragment(f"{path} lacks a column {name!r} (columns: {names!r:.200})")
+        column = table.column(name)
+        if not want(column.type) or column.null_count:
+            raise CorruptFragment(
+                f"{path}: column {name!r} is {column.type} with {column.null_count} nulls; "
+                "expected non-null " + ("binary" if name == "body" else "unsigned integers"))
+        columns[name] = column.to_pylist()
+    offsets = columns[offset_name]
+    if offset_name == "relative_offset":
+        offsets = [start + o for o in offsets]
+    timestamps = columns["timestamp_us"]
+    bodies = columns["body"]
     if not offsets:
         raise CorruptFragment(f"{path} holds no record")
     first = offsets[0]

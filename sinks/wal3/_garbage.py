@@ -30,8 +30,13 @@ import structlog
 from sinks._setsum import Setsum
 from sinks.objstore import ObjectStore
 from sinks.wal3._cursors import CursorStore
-from sinks.wal3._errors import CorruptGarbage, CorruptManifest, GarbageCollectionInProgress
-from sinks.wal3._manifest import Fragment, Manifest, Snapshot, SnapshotPointer
+from sinks.wal3._errors import (
+    CorruptCursor,
+    CorruptGarbage,
+    CorruptManifest,
+    GarbageCollectionInProgress,
+)
+from sinks.wal3._manifest import Fragment, Manifest, Snapshot, SnapshotPointer, _u64
 from sinks.wal3._ops import install_snapshot, load_snapshot, require_manifest
 from sinks.wal3._paths import GARBAGE_PATH, MANIFEST_PATH, fragment_path
 from sinks.wal3._store import LogStore, PreconditionFailed, as_store
@@ -80,13 +85,18 @@ class Garbage:
                                         for s in obj["snapshots_to_drop"]),
                 snapshots_to_make=tuple(Snapshot.from_obj(s) for s in obj["snapshots_to_make"]),
                 snapshot_for_root=None if root is None else SnapshotPointer.from_obj(root),
-                fragments_to_drop_start=int(obj["fragments_to_drop_start"]),
-                fragments_to_drop_limit=int(obj["fragments_to_drop_limit"]),
+                fragments_to_drop_start=_u64(obj["fragments_to_drop_start"],
+                                             "fragments_to_drop_start"),
+                fragments_to_drop_limit=_u64(obj["fragments_to_drop_limit"],
+                                             "fragments_to_drop_limit"),
                 setsum_to_discard=Setsum.from_hexdigest(obj["setsum_to_discard"]),
-                first_to_keep=int(obj["first_to_keep"]["offset"]),
+                first_to_keep=_u64(obj["first_to_keep"]["offset"], "first_to_keep.offset"),
             )
-        except (ValueError, KeyError, TypeError, CorruptManifest) as exc:
-            raise CorruptGarbage(f"the garbage file is not valid garbage JSON: {exc!r}") from None
+        except (ValueError, KeyError, TypeError, RecursionError, CorruptManifest) as exc:
+            reason = ("nested too deeply" if isinstance(exc, RecursionError)
+                      else f"no field {exc}" if isinstance(exc, KeyError) else repr(exc))
+            raise CorruptGarbage(
+                f"the garbage file is not valid garbage JSON: {reason:.200}") from None
         return garbage
 
     def paths_to_delete(self) -> list[str]:
@@ -237,20 +247,46 @@ class GarbageCollector:
         if found is None:
             return Garbage(), None
         data, etag = found
-        return Garbage.from_json(data), etag
+        try:
+            return Garbage.from_json(data), etag
+        except CorruptGarbage as exc:
+            raise CorruptGarbage(f"{self._log.key(GARBAGE_PATH)}: {exc}") from None
+
+    def positions(self, keep_at_least: int | None = None) -> dict[str, int]:
+        """What bounds a collection: each cursor's position, and ``keep_at_least``."""
+        positions = {f"cursor {name!r}": w.cursor.position for name in self._cursors.list()
+                     if (w := self._cursors.load(name)) is not None}
+        if keep_at_least is not None:
+            if keep_at_least < 0:
+                raise ValueError(f"keep_at_least {keep_at_least} is negative; offsets start at 1")
+            positions["keep_at_least"] = keep_at_least
+        return positions
 
     def cutoff(self, keep_at_least: int | None = None) -> int | None:
         """The lowest cursor position, lowered to ``keep_at_least``; None if neither."""
-        positions = [w.cursor.position for name in self._cursors.list()
-                     if (w := self._cursors.load(name)) is not None]
-        if keep_at_least is not None:
-            positions.append(keep_at_least)
-        return min(positions) if positions else None
+        positions = self.positions(keep_at_least)
+        return min(positions.values()) if positions else None
+
+    def _check_positions(self, positions: dict[str, int], manifest: Manifest) -> None:
+        """Refuse a bound past the log's end: collecting up to it would delete records no
+        reader has seen. ``manifest`` must be read *after* the cursors, so an honest
+        reader's cursor (never past the manifest it read) is never past its end."""
+        end = manifest.next_offset
+        for what, position in positions.items():
+            if position > end:
+                error = CorruptCursor if what.startswith("cursor") else ValueError
+                raise error(
+                    f"{what} points at offset {position}, past the end of "
+                    f"{self._log.describe()} (next offset {end}); nothing was collected: "
+                    + ("fix or delete that cursor" if error is CorruptCursor
+                       else "lower --keep-at-least")
+                )
 
     def phase1_compute(self, keep_at_least: int | None = None) -> Garbage | None:
         """Write the garbage file for everything below the cutoff.
 
-        Step 1. Read the cursors and the manifest; compute the garbage.
+        Step 1. Read the cursors, then the manifest; refuse a cursor past the log's end;
+                compute the garbage.
         Step 2. Write any replacement snapshots (If-None-Match).
         Step 3. Install the garbage file: If-Match on the empty file (If-None-Match if
                 absent). Losing that race means another collection is in progress.
@@ -261,10 +297,12 @@ class GarbageCollector:
             raise GarbageCollectionInProgress(
                 f"{self._log.key(GARBAGE_PATH)} already holds garbage; run phases 2 and 3"
             )
-        cutoff = self.cutoff(keep_at_least)
-        if cutoff is None:
+        positions = self.positions(keep_at_least)
+        if not positions:
             return None
-        manifest, _ = require_manifest(self._log)
+        manifest, _ = require_manifest(self._log)  # after the cursors: see _check_positions
+        self._check_positions(positions, manifest)
+        cutoff = min(positions.values())
         garbage = compute_garbage(manifest, cutoff, self._load)
         if garbage is None:
             return None

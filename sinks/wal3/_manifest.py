@@ -95,8 +95,11 @@ def _position(value: Any, what: str) -> int:
 def _load_json(data: str | bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptManifest(f"{what} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad JSON or UTF-8, or an integer of more digits than Python
+        # converts (sys.get_int_max_str_digits); RecursionError: nesting too deep.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise CorruptManifest(f"{what} is not valid JSON: {reason:.200}") from None
 
 
 # -- value types --------------------------------------------------------------------------
@@ -339,6 +342,7 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, data: str | bytes | bytearray | memoryview) -> Snapshot:
+        """Parse a snapshot (ours or Chroma's). Raises ``CorruptManifest``."""
         return cls.from_obj(_load_json(data, "snapshot"))
 
     def to_json(self) -> str:
@@ -436,6 +440,10 @@ class Manifest:
         sealed = obj.get("sealed", False)
         if not isinstance(sealed, bool):
             raise CorruptManifest("manifest.sealed must be a boolean")
+        try:
+            extra = tuple((k, _dumps(v)) for k, v in obj.items() if k not in _KNOWN)
+        except RecursionError:  # the parser got through; re-encoding is a frame deeper
+            raise CorruptManifest("manifest: an unknown field is nested too deeply") from None
         return cls(
             setsum=_setsum(_field(obj, "setsum", "manifest"), "manifest.setsum"),
             collected=(Setsum() if collected_raw is None
@@ -457,7 +465,7 @@ class Manifest:
             initial_seq_no=(None if initial_seq_no is None
                             else _u64(initial_seq_no, "manifest.initial_seq_no")),
             sealed=sealed,
-            extra=tuple((k, _dumps(v)) for k, v in obj.items() if k not in _KNOWN),
+            extra=extra,
         )
 
     def to_json(self) -> str:

@@ -36,17 +36,31 @@ __all__ = [
 log = structlog.get_logger()
 
 
-def load_manifest(store: LogStore) -> tuple[Manifest, str] | None:
-    """The current manifest and its etag, or None if the log was never initialized."""
+def load_manifest(store: LogStore, *, check: bool = True) -> tuple[Manifest, str] | None:
+    """The current manifest and its etag, or None if the log was never initialized.
+
+    With ``check`` (the default: every reader, writer and collector) the manifest must
+    also pass ``Manifest.scrub`` (setsum identity, contiguity, sequential fragments), so
+    nobody reads past, builds on or collects from an inconsistent one; ``CorruptManifest``
+    names the object. Only tools that report problems (``log inspect``, scrub) pass False.
+    """
     found = store.get_or_none(MANIFEST_PATH)
     if found is None:
         return None
     data, etag = found
-    return Manifest.from_json(data), etag
+    try:
+        manifest = Manifest.from_json(data)
+        if check:
+            manifest.scrub()
+    except CorruptManifest as exc:
+        raise CorruptManifest(
+            f"{store.key(MANIFEST_PATH)} on {store.store.describe()}: {exc}") from None
+    return manifest, etag
 
 
-def require_manifest(store: LogStore) -> tuple[Manifest, str]:
-    found = load_manifest(store)
+def require_manifest(store: LogStore, *, check: bool = True) -> tuple[Manifest, str]:
+    """``load_manifest``, raising ``UninitializedLog`` if there is none."""
+    found = load_manifest(store, check=check)
     if found is None:
         raise UninitializedLog(
             f"no manifest at {store.key(MANIFEST_PATH)} on {store.store.describe()}: "
@@ -66,15 +80,22 @@ def initialize_manifest(store: LogStore, manifest: Manifest) -> str:
         ) from None
 
 
-def load_snapshot(store: LogStore, pointer: SnapshotPointer) -> Snapshot:
-    """Load and check the snapshot a pointer names (setsum, bounds and depth must agree)."""
+def load_snapshot(store: LogStore, pointer: SnapshotPointer, *,
+                  check: bool = True) -> Snapshot:
+    """Load and check the snapshot a pointer names (setsum, bounds and depth must agree;
+    with ``check``, ``Snapshot.scrub`` too: its children sum to its setsum and follow on)."""
     try:
         data, _ = store.get(pointer.path_to_snapshot)
     except NotFound:
         raise CorruptManifest(
             f"snapshot {pointer.path_to_snapshot} is referenced but missing"
         ) from None
-    snapshot = Snapshot.from_json(data)
+    try:
+        snapshot = Snapshot.from_json(data)
+        if check:
+            snapshot.scrub()
+    except CorruptManifest as exc:
+        raise CorruptManifest(f"{store.key(pointer.path_to_snapshot)}: {exc}") from None
     if snapshot.to_pointer() != pointer:
         raise CorruptManifest(
             f"snapshot {pointer.path_to_snapshot} does not match its pointer: "

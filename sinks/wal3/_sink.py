@@ -18,7 +18,14 @@ from typing import Any
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed, SinkError
-from sinks.codec import EventBatch, decode, encode_epoch, encode_events
+from sinks.codec import (
+    EventBatch,
+    SnapshotChunk,
+    decode,
+    encode_epoch,
+    encode_events,
+    encode_snapshot,
+)
 from sinks.objstore import ObjectStore
 from sinks.wal3._cursors import CursorStore
 from sinks.wal3._errors import AlreadyInitialized
@@ -60,6 +67,9 @@ class Wal3Sink:
 
     def write_epoch(self, record: EpochRecord) -> None:
         self._submit(encode_epoch(record))
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        self._submit(encode_snapshot(chunk))
 
     def _submit(self, body: bytes) -> None:
         if self._closed:
@@ -104,7 +114,7 @@ def open_log_sink(uri: str, *, endpoint_url: str | None = None, **kwargs: Any) -
 def read_log(
     store_or_uri: ObjectStore | str, cursor: str | None = None, *, prefix: str = "",
     endpoint_url: str | None = None, from_offset: int | None = None,
-) -> Iterator[EventBatch | EpochRecord]:
+) -> Iterator[EventBatch | EpochRecord | SnapshotChunk]:
     """Decode the log's records in order, up to its end as of the call.
 
     With ``cursor``, start where the named cursor points (the log's start if it does

@@ -36,7 +36,8 @@ class Served:
     def __init__(self, path: Path, store: MemoryStore | None = None, **options: Any) -> None:
         self.path = path
         self.store = store or MemoryStore()
-        self.sink = MemorySink()
+        self.sink = options.pop("sink", None) or MemorySink()
+        self.serve_options = {k: options.pop(k) for k in ("socket_mode",) if k in options}
         self.at_quiescence: dict[tuple[int, int], dict[Any, bytes]] = {}
         self.quiesced = threading.Event()
         self.sidecar = Sidecar(self.sink, on_quiescence=self._capture, **options)
@@ -54,7 +55,8 @@ class Served:
 
     def _run(self, started: threading.Event) -> None:
         try:
-            asyncio.run(self.sidecar.serve(self.path, started=started.set))
+            asyncio.run(self.sidecar.serve(self.path, started=started.set,
+                                           **self.serve_options))
         except BaseException as exc:
             self.error = exc
             started.set()

@@ -177,7 +177,7 @@ def test_null_means_absent_without_presence_column(store: PostgresStore, dsn: st
     ("table", "column", "value", "message"),
     [
         ("cells", "s", "a\x00b", "NUL"),
-        ("cells", "s", "\ud800", "not valid Unicode"),
+        ("cells", "s", "\ud800", "cannot be encoded as UTF-8"),
         ("cells", "i", True, "holds int values only"),
         ("cells", "i", 1.5, "holds int values only"),
         ("cells", "f", 1, "holds float values only"),

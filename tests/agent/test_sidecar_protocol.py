@@ -129,5 +129,5 @@ def test_the_sidecar_package_exports_are_pinned() -> None:
 
     assert agent.sidecar.__all__ == [
         "PROTOCOL_VERSION", "ProtocolError", "Sidecar", "SidecarAddressInUse",
-        "SidecarClient", "SidecarError", "SidecarUnavailable"]
+        "SidecarClient", "SidecarError", "SidecarSocketError", "SidecarUnavailable"]
     assert agent.sidecar.PROTOCOL_VERSION == 1

@@ -13,7 +13,7 @@ from tests.helpers import Captured, bits
 u64 = st.integers(0, (1 << 64) - 1)
 
 
-@given(st.integers(1, (1 << 63) - 1), st.integers(0, 1 << 40), u64, st.integers(0, 1 << 70))
+@given(st.integers(1, (1 << 63) - 1), st.integers(0, 1 << 40), u64, u64)
 def test_tokens_round_trip(domain: int, epoch: int, end: int, seen: int) -> None:
     """str() then parse() gives the same position."""
     position = Position(domain, epoch, end, seen)
@@ -70,3 +70,24 @@ def test_position_after_each_changeset_points_at_its_quiescence_point() -> None:
     [changeset] = list(Assembler().changesets(c.sink.records))
     marker = [r for r in c.sink.records if isinstance(r, EpochRecord)][-1]
     assert changeset.position == Position(marker.domain_id, marker.epoch_seq, marker.end_id)
+
+
+@pytest.mark.parametrize("seen", ["1" * 17, "f" * 1_000_000, "0" * 17 + "1"])
+def test_a_seen_suffix_beyond_64_epochs_is_refused_at_once(seen: str) -> None:
+    """The +seen suffix is bounded (16 hex digits, 64 epochs): a 1 MB suffix is a clear
+    InvalidPosition, not seconds of work in seen_epochs() (452 s before)."""
+    with pytest.raises(InvalidPosition, match="at most 64 epochs"):
+        Position.parse(f"a:3:ff+{seen}")
+    with pytest.raises(InvalidPosition, match="at most 64 epochs"):
+        Frontier.parse(f"b:1:2,a:3:ff+{seen}")
+
+
+def test_a_position_holds_at_most_64_seen_epochs() -> None:
+    """The constructor enforces the same bound, so str() always parses back."""
+    with pytest.raises(InvalidPosition, match="at most 64 epochs"):
+        Position(1, 2, 3, 1 << 64)
+    with pytest.raises(InvalidPosition):
+        Position(1, 2, 3, -1)
+    widest = Position(1, 2, 3, (1 << 64) - 1)
+    assert Position.parse(str(widest)) == widest
+    assert widest.seen_epochs() == list(range(3, 67))

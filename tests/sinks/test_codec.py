@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import struct
 
+import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sequencer import ABSENT, ChangeEvent, EpochRecord
 from sinks.codec import (
+    EVENT_SCHEMA,
     CodecError,
     EventBatch,
     decode,
@@ -48,6 +50,7 @@ events = st.builds(
     st.sampled_from(["a", "b"]), values, values)
 
 
+@settings(deadline=None)  # Arrow's first calls are slow on a loaded machine
 @given(st.lists(events, max_size=20))
 def test_event_messages_round_trip(batch: list[ChangeEvent]) -> None:
     """encode_events then decode gives back the same events."""
@@ -109,3 +112,67 @@ def test_vectorised_key_encoding_gives_the_same_bytes(keys: list[str | int]) -> 
     from sinks.codec import encode_keys
 
     assert encode_keys(keys).to_pylist() == [encode_key(k) for k in keys]
+
+
+def test_an_offset_past_the_data_is_refused_at_decode_not_a_crash() -> None:
+    """An Arrow offset pointing past the values (one flipped bit) is a CodecError from
+    decode; before, decode passed it and to_events() read out of bounds (segfault)."""
+    batch = [ChangeEvent(1, i, i, "t", i, "c", "abcd" + str(i), None) for i in range(3)]
+    message = encode_events(EventBatch.from_events(batch))
+    offsets = struct.pack("<4i", 0, 6, 12, 18)  # the "old" column's offsets
+    assert message.count(offsets) == 1
+    with pytest.raises(CodecError, match="offsets"):
+        decode(message.replace(offsets, struct.pack("<4i", 0, 6, 12, 1 << 20)))
+
+
+def _raw_message(**columns: list[object]) -> bytes:
+    """An EVENTS message of one event whose columns are given raw (no encoding)."""
+    row: dict[str, list[object]] = {
+        "domain_id": [1], "batch_id": [2], "seq": [0], "table": ["t"], "row": [b"\x02" + bytes(8)],
+        "column": ["c"], "old": [b""], "new": [b"\x00"]}
+    row.update(columns)
+    return encode_events(pa.RecordBatch.from_pydict(row, schema=EVENT_SCHEMA))
+
+
+@pytest.mark.parametrize(("columns", "message"), [
+    ({"row": [b""]}, "row is not a tagged key"),
+    ({"row": [b"\x05abc"]}, "row is not a tagged key"),
+    ({"row": [b"\x02\x00"]}, "row is not a tagged key"),
+    ({"row": [b"\x04\xff"]}, "not UTF-8"),
+    ({"old": [b"\x01\x07"]}, "old is not a tagged value"),
+    ({"new": [b"\x09"]}, "new is not a tagged value"),
+    ({"new": [b"\x03\x00"]}, "new is not a tagged value"),
+    ({"new": [b"\x00\x00"]}, "new is not a tagged value"),
+    ({"old": [b"\x04\xc3"]}, "not UTF-8"),
+    ({"table": [None]}, "holds nulls"),
+    ({"new": [None]}, "holds nulls"),
+])
+def test_bad_tags_are_refused_at_decode(columns: dict[str, list[object]], message: str) -> None:
+    """Row keys and cells that are not tagged keys/values fail decode with CodecError, so
+    no reader of the columns (to_events, bulk replay) meets them later."""
+    raw = _raw_message(**columns)
+    with pytest.raises(CodecError, match=message):
+        decode(raw)
+
+
+def test_good_tags_pass_decode() -> None:
+    """Every tag the format defines passes (the checks refuse only what is wrong)."""
+    cells = [b"", b"\x00", b"\x01\x00", b"\x01\x01", b"\x02" + bytes(8), b"\x03" + bytes(8),
+             b"\x04", "\x04é".encode(), b"\x05", b"\x05\xff\xfe"]
+    rows = [b"\x02" + bytes(8), b"\x04", b"\x04k"] * 4
+    n = len(cells)
+    raw = encode_events(pa.RecordBatch.from_pydict({
+        "domain_id": [1] * n, "batch_id": [2] * n, "seq": list(range(n)), "table": ["t"] * n,
+        "row": rows[:n], "column": ["c"] * n, "old": cells, "new": cells[::-1]},
+        schema=EVENT_SCHEMA))
+    decoded = decode(raw)
+    assert isinstance(decoded, EventBatch)
+    assert [encode_value(e.old) for e in decoded.to_events()] == cells
+
+
+def test_a_str_value_that_is_not_utf8_is_a_codec_error() -> None:
+    """decode_value/decode_key raise CodecError (not UnicodeDecodeError) on bad UTF-8."""
+    with pytest.raises(CodecError, match="not UTF-8"):
+        decode_value(b"\x04\xff")
+    with pytest.raises(CodecError, match="not UTF-8"):
+        decode_key(b"\x04\xc3")

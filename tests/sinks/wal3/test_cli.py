@@ -81,3 +81,23 @@ def test_missing_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (tmp_path / "empty").mkdir()
     assert main(["log", "scrub", f"file://{tmp_path / 'empty'}"]) == 2
     assert "initialize the log first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cursor", [
+    b'{"position":{"offset":99999999999},"epoch_us":1,"writer":"w"}',
+    b'{"position":{"offset":-1},"epoch_us":1,"writer":"w"}',
+])
+def test_gc_with_a_cursor_outside_the_log_fails_and_keeps_everything(
+        log_uri: str, tmp_path: Path, cursor: bytes,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A cursor past the end or negative: one line naming it, exit 1, nothing deleted."""
+    files = sorted(p for p in (tmp_path / "log").rglob("*") if p.is_file())
+    (tmp_path / "log" / "cursor").mkdir(exist_ok=True)
+    (tmp_path / "log" / "cursor" / "bad.json").write_bytes(cursor)
+    assert main(["log", "gc", log_uri]) == 1
+    err = capsys.readouterr().err
+    assert "cursor" in err and "bad" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    (tmp_path / "log" / "cursor" / "bad.json").unlink()
+    assert sorted(p for p in (tmp_path / "log").rglob("*") if p.is_file()) == files
+    assert main(["log", "scrub", log_uri]) == 0

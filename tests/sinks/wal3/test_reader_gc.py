@@ -8,6 +8,7 @@ import pytest
 
 from sinks.objstore import InMemoryObjectStore
 from sinks.wal3 import (
+    CorruptCursor,
     CorruptFragment,
     CorruptLog,
     CursorContention,
@@ -244,3 +245,53 @@ def test_a_reader_overtaken_by_gc_gets_garbage_collected(mem_store: InMemoryObje
     records = reader.records(manifest=manifest)
     with pytest.raises(GarbageCollected):
         next(records)
+
+
+@pytest.mark.parametrize("offset", [99_999_999_999, 302])
+def test_gc_refuses_a_cursor_past_the_end_of_the_log(
+        mem_store: InMemoryObjectStore, offset: int) -> None:
+    """A cursor beyond the log's end justifies nothing: CorruptCursor naming it, and
+    nothing deleted (before, GC dropped the whole log and reported success)."""
+    fill(mem_store, 300)
+    cursors = CursorStore(mem_store)
+    cursors.init("fine", 100)
+    cursors.init("bogus", offset)
+    keys = set(mem_store.list(""))
+    manifest = LogReader(mem_store).manifest()
+    with pytest.raises(CorruptCursor, match=f"cursor 'bogus' points at offset {offset}, past "
+                                            "the end .*next offset 301"):
+        GarbageCollector(mem_store).collect()
+    assert set(mem_store.list("")) == keys
+    assert LogReader(mem_store).manifest() == manifest
+    assert GarbageCollector(mem_store).load_garbage()[0].is_empty()
+    cursors.delete("bogus")
+    with pytest.raises(ValueError, match="keep_at_least points at offset 400"):
+        GarbageCollector(mem_store).collect(keep_at_least=400)
+    assert set(mem_store.list("")) == keys - {"cursor/bogus.json"}
+    assert GarbageCollector(mem_store).collect().applied
+
+
+def test_gc_refuses_a_negative_cursor(mem_store: InMemoryObjectStore) -> None:
+    """A cursor holding a negative offset is corrupt (an offset is a u64)."""
+    fill(mem_store, 30)
+    mem_store.put("cursor/neg.json",
+                  b'{"position":{"offset":-5},"epoch_us":1,"writer":"w"}')
+    with pytest.raises(CorruptCursor, match="cursor neg holds offset -5"):
+        GarbageCollector(mem_store).collect()
+    mem_store.delete("cursor/neg.json")
+    with pytest.raises(ValueError, match="negative"):
+        GarbageCollector(mem_store).collect(keep_at_least=-1)
+    assert LogReader(mem_store).manifest().oldest_offset == 1
+
+
+def test_gc_up_to_a_cursor_at_the_very_end(mem_store: InMemoryObjectStore) -> None:
+    """A cursor exactly at the end (a reader that read everything) collects every
+    fragment, and the log goes on from the same offset and sequence number."""
+    fill(mem_store, 30)
+    CursorStore(mem_store).init("done", 31)
+    assert GarbageCollector(mem_store).collect().applied
+    reader = LogReader(mem_store)
+    assert reader.manifest().oldest_offset == 31 and reader.scrub().records == 0
+    with LogWriter.open(mem_store) as writer:
+        assert writer.append(b"next").offset == 31
+    assert [r.body for r in reader.records()] == [b"next"]

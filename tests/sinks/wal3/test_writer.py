@@ -106,15 +106,49 @@ def test_batching_by_size_then_flush(mem_store: InMemoryObjectStore, clock: Fake
     assert sizes == [4, 4, 2]
 
 
-def test_batching_by_interval(mem_store: InMemoryObjectStore, clock: FakeClock) -> None:
-    """Records wait for batch_interval on the injected clock, then ship as one fragment."""
+class WatchedClock(FakeClock):
+    """A FakeClock that counts the batcher's reads: a batcher that read it again has
+    looked at its queue again (and, if it is right, decided to keep waiting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cv = threading.Condition()
+        self.batcher_reads = 0
+
+    def __call__(self) -> float:
+        if threading.current_thread().name == "wal3-batcher":
+            with self._cv:
+                self.batcher_reads += 1
+                self._cv.notify_all()
+        return self.now
+
+    def batcher_looked(self, times: int = 3) -> bool:
+        """Wait until the batcher has read the clock ``times`` more times (it re-checks
+        a waiting queue at least every 50 ms of real time, and stops once it is empty)."""
+        with self._cv:
+            target = self.batcher_reads + times
+            return self._cv.wait_for(lambda: self.batcher_reads >= target, 10)
+
+
+def test_batching_by_interval(mem_store: InMemoryObjectStore) -> None:
+    """Records wait for batch_interval on the injected clock, then ship as one fragment.
+
+    The batcher is seen to look at the queue repeatedly and hold the records (a writer
+    that ignored batch_interval and cut at once would empty its queue and stop looking,
+    one that never cut by age would never ship them).
+    """
+    clock = WatchedClock()
     LogWriter.initialize(mem_store)
     opts = WriterOptions(batch_interval=1.0, ship_when_idle=False)
     with LogWriter.open(mem_store, options=opts, clock=clock) as writer:
         futures = [writer.submit(b"r%d" % i) for i in range(3)]
-        writer.wakeup()
-        assert not any(f.done() for f in futures)
-        clock.advance(1.0)
+        for step in (0.0, 0.5, 0.49):  # 0.99 s in all: not yet due
+            clock.advance(step)
+            writer.wakeup()
+            assert clock.batcher_looked(), "the batcher stopped looking at its queue"
+            assert not any(f.done() for f in futures)
+            assert not [c for c in mem_store.calls if c.op.startswith("put") and "log/" in c.key]
+        clock.advance(0.01)
         writer.wakeup()
         assert [f.result(10).offset for f in futures] == [1, 2, 3]
         assert len(writer.manifest.fragments) == 1

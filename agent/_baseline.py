@@ -1,0 +1,241 @@
+"""Baseline snapshots: every cell of the wrapped store, as snapshot records in the log.
+
+``Agent.snapshot()`` walks the store in chunks of rows, in the snapshot row order of
+``sinks.codec``. For each chunk it holds new write batches back (as forced quiescence
+does), waits for the open ones to end, reads the chunk's rows, hands the records to the
+shipper, and lets writers go again: writers wait for at most one chunk, and each
+chunk's cells are the true state of its rows at that quiescence point. The log order
+(the chunk right after its quiescence point, before the next one) lets a consumer
+apply the chunk at exactly that point: the events after it on those rows chain from
+the chunk's values; rows not covered yet are rebuilt by a later chunk.
+
+Stores take part by offering ``list_cells(start, limit)`` (``ListableStore``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from agent._agent import QuiescenceTimeout
+from sequencer import RowKey, Value
+from sinks import Setsum
+from sinks._snapshot_codec import Bound, SnapshotCell, SnapshotChunk
+
+if TYPE_CHECKING:
+    from agent._agent import _Capture
+
+__all__ = ["AsyncListableStore", "BaselineReport", "CellChunk", "ListableStore",
+           "SnapshotProgress"]
+
+DEFAULT_CHUNK_ROWS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class CellChunk:
+    """What ``list_cells`` returns: the present cells of the rows from ``start`` up to
+    (not including) ``next`` in snapshot row order; ``next`` is None at the end."""
+
+    cells: Sequence[SnapshotCell]
+    next: Bound | None
+
+
+@runtime_checkable
+class ListableStore(Protocol):
+    """A store that can list its cells in chunks (needed by ``Agent.snapshot``)."""
+
+    def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
+        """Every present cell of about ``limit`` whole rows from ``start`` on (None: the
+        first row), in snapshot row order. Called while no write runs."""
+        ...
+
+
+class AsyncListableStore(Protocol):
+    async def list_cells(self, start: Bound | None, limit: int) -> CellChunk: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    """Reported after each chunk: for a progress bar or a metric."""
+
+    baseline_id: int
+    chunks: int
+    cells: int
+    rows_done_until: Bound | None  # None once finished
+    hold_seconds: float  # how long writers were held back for this chunk
+
+
+@dataclass(frozen=True)
+class BaselineReport:
+    """What ``snapshot()`` recorded, once every chunk is durable in the sink."""
+
+    domain_id: int
+    baseline_id: int
+    chunks: int
+    cells: int
+    setsum: str
+    first_point: tuple[int, int]  # (epoch_seq, end_id) of the first chunk
+    last_point: tuple[int, int]  # ... and of the last: the log is whole from here on
+    longest_hold: float  # seconds writers waited for one chunk at most
+    elapsed: float
+
+
+@dataclass
+class PendingSnapshot:
+    """A chunk's cells handed to the shipper, which encodes and hashes it off the
+    writers' path (``ship_to``) and keeps the result for the report."""
+
+    domain_id: int
+    point: tuple[int, int]
+    baseline_id: int
+    index: int
+    lo: Bound | None
+    hi: Bound | None
+    cells: Sequence[SnapshotCell]
+    chunk: SnapshotChunk | None = None
+    shipped: threading.Event = field(default_factory=threading.Event)
+
+    def ship_to(self, sink: Any) -> None:
+        write = getattr(sink, "write_snapshot", None)
+        if write is None:
+            raise TypeError(f"{type(sink).__name__} cannot carry snapshot records (it has no "
+                            "write_snapshot); use a sink of this version")
+        chunk = SnapshotChunk.build(self.domain_id, self.point[0], self.point[1],
+                                    self.baseline_id, self.index, self.hi is None,
+                                    self.lo, self.hi, self.cells)
+        write(chunk)
+        self.chunk = chunk
+        self.cells = ()
+        self.shipped.set()
+
+
+def _lister(store: object) -> Callable[[Bound | None, int], Any]:
+    lister = getattr(store, "list_cells", None)
+    if lister is None:
+        raise TypeError(f"{type(store).__name__} cannot list its cells: a baseline snapshot "
+                        "needs a store with list_cells(start, limit) (MemoryStore and "
+                        "PostgresStore have one)")
+    return lister  # type: ignore[no-any-return]
+
+
+class _Run:
+    """The bookkeeping of one baseline, shared by the threaded and asyncio drivers."""
+
+    def __init__(self, agent: _Capture, chunk_rows: int,
+                 progress: Callable[[SnapshotProgress], None] | None) -> None:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be at least 1, not {chunk_rows}")
+        self.agent = agent
+        self.chunk_rows = chunk_rows
+        self.progress = progress
+        self.baseline_id = agent._ids.next()
+        self.pending: list[PendingSnapshot] = []
+        self.start: Bound | None = None
+        self.cells = 0
+        self.longest_hold = 0.0
+        self.started = time.perf_counter()
+
+    def record(self, point: tuple[int, int], chunk: CellChunk, held_since: float) -> bool:
+        """Hand one chunk to the shipper (writers still held); True if it was the last."""
+        pending = PendingSnapshot(self.agent.domain_id, point, self.baseline_id,
+                                  len(self.pending), self.start, chunk.next, chunk.cells)
+        self.agent._shipper.put(pending)  # type: ignore[arg-type]
+        self.pending.append(pending)
+        hold = time.perf_counter() - held_since
+        self.longest_hold = max(self.longest_hold, hold)
+        self.cells += len(chunk.cells)
+        self.start = chunk.next
+        self.last = SnapshotProgress(self.baseline_id, len(self.pending), self.cells,
+                                     chunk.next, hold)
+        return chunk.next is None
+
+    def notify(self) -> None:
+        """Report progress (after writers were let go again)."""
+        if self.progress is not None:
+            self.progress(self.last)
+
+    def report(self) -> BaselineReport:
+        total = Setsum()
+        for pending in self.pending:
+            assert pending.chunk is not None
+            total = total + Setsum.from_hexdigest(pending.chunk.setsum)
+        return BaselineReport(
+            self.agent.domain_id, self.baseline_id, len(self.pending), self.cells,
+            total.hexdigest(), self.pending[0].point, self.pending[-1].point,
+            self.longest_hold, time.perf_counter() - self.started)
+
+
+def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                  progress: Callable[[SnapshotProgress], None] | None = None,
+                  flush_timeout: float | None = None) -> BaselineReport:
+    """``Agent.snapshot``: see the module docstring."""
+    lister = _lister(store)
+    with agent._snapshot_lock:  # one baseline at a time per agent
+        run = _Run(agent, chunk_rows, progress)
+        done = False
+        while not done:
+            agent._begin_hold()
+            try:
+                point = agent._wait_quiescent()
+                held_since = time.perf_counter()
+                done = run.record(point, lister(run.start, chunk_rows), held_since)
+            finally:
+                agent._end_hold()
+            run.notify()
+        with agent.batch():  # a quiescence point after the last chunk: consumers hand
+            pass  # out the baseline's changes with the changeset of the next interval
+        agent.flush(flush_timeout)
+        return run.report()
+
+
+async def atake_baseline(agent: _Capture, store: object, *,
+                         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                         progress: Callable[[SnapshotProgress], None] | None = None
+                         ) -> BaselineReport:
+    """``AsyncAgent.snapshot``: the same, waiting without blocking the event loop."""
+    lister: Callable[[Bound | None, int], Awaitable[CellChunk]] = _lister(store)
+    run = _Run(agent, chunk_rows, progress)
+    done = False
+    while not done:
+        agent._begin_hold()
+        try:
+            point = await _await_quiescent(agent)
+            held_since = time.perf_counter()
+            done = run.record(point, await lister(run.start, chunk_rows), held_since)
+        finally:
+            agent._end_hold()
+        run.notify()
+        await asyncio.sleep(0)  # let the writers held back open their batches
+    async with agent.batch():  # a quiescence point after the last chunk
+        pass
+    await asyncio.get_running_loop().run_in_executor(None, agent.flush)
+    return run.report()
+
+
+async def _await_quiescent(agent: _Capture) -> tuple[int, int]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + agent._wait_timeout
+    while True:
+        with agent._cond:
+            if agent._sequencer.quiescent:
+                return agent._last_point
+            waiter = loop.create_future()
+            agent._async_waiters.append((loop, waiter))
+        try:
+            await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise QuiescenceTimeout(
+                f"a snapshot waited {agent._wait_timeout}s for open write batches to end"
+            ) from None
+
+
+def sorted_cells(cells: dict[tuple[str, RowKey, str], Value]) -> list[SnapshotCell]:
+    """Cells as (table, row, column, value) in snapshot row order (for tests)."""
+    from sinks._snapshot_codec import row_order
+
+    return sorted(((t, r, c, v) for (t, r, c), v in cells.items()),
+                  key=lambda x: (row_order(x[0], x[1]), x[2]))

@@ -1,0 +1,323 @@
+"""Baselines on the reading side: snapshot chunks folded into the assembler's state.
+
+A chunk (``sinks.codec.SnapshotChunk``) says: right after quiescence point Q of its
+domain, the rows ``lo <= row < hi`` held exactly these cells. The assembler applies it
+at Q, between the interval ending at Q and the next one, as a changeset of its own
+(same position): cells that differ take the chunk's value, cells of those rows the
+chunk does not list go.
+
+A consumer that starts from nothing (no ``initial_state``, no position) cannot check
+events on cells that existed before the agent: it only learns their values from the
+baseline. So while a baseline runs (its chunk 0 applied, its last not yet), such a
+consumer checks the cancel-out chains of the rows already covered (below the last
+chunk's ``hi``) and leaves the others to their chunk; counts and setsums are checked
+for every event. If its strict replay breaks on a cell before any baseline came, the
+failure is held (the domain waits) until a chunk 0 of that domain arrives; from there
+it replays with nothing covered until the baseline covers the rows. A log that ends
+without one raises the held failure. Once the last chunk is applied the state is
+whole and every later interval is checked strictly again.
+
+Each chunk is verified like an epoch: its cell count and its setsum, that chunks come
+in order and tile the row space (each ``lo`` is the previous ``hi``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import pyarrow as pa
+
+from replay._bulk import BrokenChain, cancel_out
+from replay._errors import InconsistentLog
+from sinks._snapshot_codec import SnapshotChunk, row_order
+from sinks.codec import decode_key
+
+if TYPE_CHECKING:
+    from replay._assembler import Assembler, Changeset, _Domain
+    from replay._position import Position
+
+__all__ = ["Baselines"]
+
+_NOTHING: Final = ("", -2, 0)  # below every row: nothing covered yet
+
+
+@dataclass
+class _Track:
+    """One domain's baseline state."""
+
+    pending: list[SnapshotChunk] = field(default_factory=list)
+    baseline_id: int | None = None  # the baseline being applied
+    next_index: int = 0
+    expect_lo: Any = None
+    covered: tuple[Any, ...] | None = None  # None: strict; else rows below are covered
+    held: InconsistentLog | None = None
+    # Chunk changes not handed out yet: they go out with the next interval's changeset,
+    # so every changeset has a position of its own (a replica skips a repeated one).
+    carry: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)
+
+
+class Baselines:
+    """The assembler's baseline bookkeeping (one per assembler)."""
+
+    def __init__(self, *, fresh: bool) -> None:
+        # trusted: the state is the whole store (given, or rebuilt by a finished
+        # baseline); a fresh consumer's is not until a baseline completes.
+        self.trusted = not fresh
+        self._tracks: dict[int, _Track] = {}
+        self.chunks_applied = 0
+
+    def _track(self, domain_id: int) -> _Track:
+        track = self._tracks.get(domain_id)
+        if track is None:
+            track = self._tracks[domain_id] = _Track()
+        return track
+
+    # -- dispatch from the assembler ---------------------------------------------------
+
+    def wants(self, domain_id: int) -> bool:
+        """True if this domain's intervals must go through ``drain`` (not the fast path)."""
+        track = self._tracks.get(domain_id)
+        return track is not None and (bool(track.pending) or track.covered is not None
+                                      or track.held is not None or bool(track.carry))
+
+    def feed(self, asm: Assembler, chunk: SnapshotChunk, *, defer: bool) -> list[Changeset]:
+        domain = asm._domain(chunk.domain_id)
+        if chunk.actual_setsum() != chunk.setsum:
+            raise InconsistentLog(
+                f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x}: setsum of "
+                f"its cells is {chunk.actual_setsum()}, the chunk says {chunk.setsum} "
+                "(a cell was altered, lost or foreign)",
+                domain_id=chunk.domain_id, epoch_seq=chunk.epoch_seq)
+        track = self._track(chunk.domain_id)
+        if chunk.epoch_seq < domain.applied_seq and track.baseline_id != chunk.baseline_id:
+            return []  # an old baseline, already behind this consumer's position
+        if chunk in track.pending:
+            return []  # a duplicate delivery
+        track.pending.append(chunk)
+        if defer:
+            return []
+        return self.drain(asm, domain)
+
+    def hold(self, domain_id: int, exc: InconsistentLog) -> bool:
+        """A fresh consumer's chain broke before any baseline: hold the failure (the
+        domain waits for one) instead of raising. False: raise it."""
+        if self.trusted or exc.cell is None:
+            return False
+        track = self._track(domain_id)
+        if track.covered is not None:
+            return False
+        track.held = exc
+        return True
+
+    def check_held(self) -> None:
+        """At the end of a log: a failure held for a baseline that never came."""
+        for track in self._tracks.values():
+            if track.held is not None:
+                raise track.held
+
+    def drain(self, asm: Assembler, domain: _Domain) -> list[Changeset]:
+        """Apply intervals and chunks of ``domain`` in log order, as far as possible."""
+        track = self._track(domain.domain_id)
+        done: list[Changeset] = []
+        while True:
+            if track.held is not None:
+                if not any(c.index == 0 for c in track.pending):
+                    return done  # wait for a baseline
+                track.held = None
+                track.covered = _NOTHING
+            self._apply_ready(asm, domain, track)
+            changeset = self._advance(asm, domain, track)
+            if changeset is not None and track.carry:
+                changeset = _with_carry(changeset, track)
+            if changeset is None:
+                if track.held is not None:
+                    continue  # held just now: a chunk 0 may be waiting already
+                return done
+            done.append(changeset)
+
+    # -- chunks --------------------------------------------------------------------------
+
+    def _apply_ready(self, asm: Assembler, domain: _Domain, track: _Track) -> None:
+        for chunk in sorted(track.pending, key=lambda c: (c.baseline_id, c.index)):
+            if chunk.epoch_seq > domain.applied_seq:
+                continue
+            track.pending.remove(chunk)
+            if chunk.epoch_seq < domain.applied_seq:
+                if track.baseline_id == chunk.baseline_id:
+                    raise InconsistentLog(
+                        f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} "
+                        f"belongs after quiescence point {chunk.epoch_seq}, but arrived "
+                        f"after {domain.applied_seq} was applied", domain_id=domain.domain_id,
+                        epoch_seq=chunk.epoch_seq)
+                continue
+            self._apply(asm, domain, track, chunk)
+
+    def _apply(self, asm: Assembler, domain: _Domain, track: _Track,
+               chunk: SnapshotChunk) -> None:
+        from replay._assembler import _encode_cell
+
+        if chunk.index == 0:
+            track.baseline_id, track.next_index, track.expect_lo = chunk.baseline_id, 0, None
+            if not self.trusted and track.covered is None:
+                track.covered = _NOTHING
+        if chunk.baseline_id != track.baseline_id or chunk.index != track.next_index:
+            if track.covered is not None:
+                raise InconsistentLog(
+                    f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} came "
+                    f"where chunk {track.next_index} of baseline {track.baseline_id or 0:#x} "
+                    "was due (a chunk is missing)", domain_id=domain.domain_id,
+                    epoch_seq=chunk.epoch_seq)
+            # A trusted consumer joining a baseline midway: its chunks only confirm.
+            track.baseline_id, track.expect_lo = chunk.baseline_id, chunk.lo
+        if chunk.lo != track.expect_lo:
+            raise InconsistentLog(
+                f"snapshot chunk {chunk.index} starts at {chunk.lo!r}, but the previous one "
+                f"ended at {track.expect_lo!r}: chunks must tile the rows",
+                domain_id=domain.domain_id, epoch_seq=chunk.epoch_seq)
+        track.next_index = chunk.index + 1
+        track.expect_lo = chunk.hi
+        lo = None if chunk.lo is None else row_order(*chunk.lo)
+        hi = None if chunk.hi is None else row_order(*chunk.hi)
+        state = asm._state
+        listed = {_encode_cell((t, r, c)): v
+                  for t, r, c, v in zip(chunk.data.column(0).to_pylist(),
+                                        map(decode_key, chunk.data.column(1).to_pylist()),
+                                        chunk.data.column(2).to_pylist(),
+                                        chunk.data.column(3).to_pylist(), strict=True)}
+        changes: dict[bytes, bytes] = {}
+        before: dict[bytes, bytes] = {}
+        for key in _state_keys_in(state, lo, hi):
+            if key not in listed:
+                changes[key], before[key] = b"", state[key]
+        for key, value in listed.items():
+            held = state.get(key, b"")
+            if held != value:
+                changes[key], before[key] = value, held
+        for key, value in changes.items():
+            if value:
+                state[key] = value
+            else:
+                state.pop(key, None)
+            first_before = track.carry[key][1] if key in track.carry else before[key]
+            track.carry[key] = (value, first_before)
+        if track.covered is not None:
+            if chunk.last:
+                track.covered = None
+                self.trusted = True
+            else:
+                assert hi is not None
+                track.covered = hi
+        self.chunks_applied += 1
+
+    # -- intervals -------------------------------------------------------------------------
+
+    def _advance(self, asm: Assembler, domain: _Domain, track: _Track) -> Changeset | None:
+        if track.covered is None:
+            try:
+                return asm._advance(domain)
+            except InconsistentLog as exc:
+                if self.hold(domain.domain_id, exc):
+                    return None
+                raise
+        from replay._assembler import (
+            _cell_keys,
+            _check_counts,
+            _check_setsums,
+            _flat,
+            _identity_conflict,
+        )
+
+        seq = domain.applied_seq + 1
+        epochs = []
+        while (record := domain.epochs.get(seq)) is not None:
+            epochs.append(record)
+            if record.quiescent:
+                break
+            seq += 1
+        else:
+            return None
+        asm._check_tiling(domain, epochs)
+        data, rest, late, conflict = asm._take_interval(domain, epochs[-1].end_id)
+        if conflict is not None:
+            raise _identity_conflict(domain, data, conflict)
+        base = np.uint64(domain.applied_end)
+        ends = np.array([(r.end_id - domain.applied_end) % (1 << 64) for r in epochs],
+                        dtype=np.uint64)
+        rel = data.column("batch_id").to_numpy() - base
+        epoch_index = np.searchsorted(ends, rel, side="right")
+        _check_counts(domain, epochs, data, epoch_index)
+        _check_setsums(domain, epochs, data, ends, base)
+        covered = track.covered
+        mask = [row_order(t, decode_key(r)) < covered
+                for t, r in zip(data.column("table").to_pylist(),
+                                data.column("row").to_pylist(), strict=True)]
+        inside = data.filter(pa.array(mask, pa.bool_())) if data.num_rows else data
+        keys = _cell_keys(inside)
+        result = cancel_out(asm._state, keys, _flat(inside.column("old")),
+                            _flat(inside.column("new")), np.zeros(inside.num_rows, np.int64), 1)
+        if isinstance(result, BrokenChain):
+            raise asm._cell_error(domain, epochs, inside, keys, result.key, result.why)
+        changes, before = result[0].changes, result[0].before
+        state = asm._state
+        for key, final in changes.items():
+            if final:
+                state[key] = final
+            else:
+                state.pop(key, None)
+        asm.late_duplicates += late
+        domain.chunks = rest
+        for record in epochs:
+            del domain.epochs[record.epoch_seq]
+        last = epochs[-1]
+        domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
+        return _changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
+                          changes, before)
+
+
+def _changeset(domain_id: int, epoch_seq: int, event_count: int, position: Position,
+               changes: dict[bytes, bytes], before: dict[bytes, bytes]) -> Changeset:
+    """A one-interval changeset from encoded cells (final and initial values)."""
+    from replay._assembler import Changeset
+    from replay._bulk import NetChanges
+
+    keys = list(changes)
+    net = NetChanges(keys, [changes[k] for k in keys], [before[k] for k in keys],
+                     [0, len(keys)], [event_count])
+    return Changeset(domain_id, epoch_seq, event_count, position, net, 0)
+
+
+def _encoded(changeset: Changeset) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """The changeset's cells, encoded: (final values, initial values)."""
+    net, i = changeset._net, changeset._index
+    lo, hi = net.bounds[i], net.bounds[i + 1]
+    keys = net.keys[lo:hi]
+    return (dict(zip(keys, net.finals[lo:hi], strict=True)),
+            dict(zip(keys, net.initials[lo:hi], strict=True)))
+
+
+def _with_carry(changeset: Changeset, track: _Track) -> Changeset:
+    """The changeset with the chunk changes made before its interval folded in."""
+    changes = {k: v for k, (v, _b) in track.carry.items()}
+    before = {k: b for k, (_v, b) in track.carry.items()}
+    finals, initials = _encoded(changeset)
+    for key, final in finals.items():
+        changes[key] = final
+        before.setdefault(key, initials[key])
+    track.carry = {}
+    keep = [k for k in changes if changes[k] != before[k]]
+    return _changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
+                      changeset.position, {k: changes[k] for k in keep},
+                      {k: before[k] for k in keep})
+
+
+def _state_keys_in(state: dict[bytes, bytes], lo: Any, hi: Any) -> list[bytes]:
+    """The state's cell keys whose row lies in [lo, hi) (None: open)."""
+    found = []
+    for key in state:
+        table, _column, row = key.split(b"\x00", 2)
+        order = row_order(table.decode(), decode_key(row))
+        if (lo is None or order >= lo) and (hi is None or order < hi):
+            found.append(key)
+    return found

@@ -1,0 +1,274 @@
+"""Baseline snapshots: a pre-populated store, writers running, a consumer from nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from agent import Agent, AsyncAgent, AsyncMemoryStore, MemoryStore
+from replay import Assembler, InconsistentLog
+from sequencer import ABSENT as ABSENT_
+from sequencer import EpochRecord
+from sinks import MemorySink
+from sinks.codec import SnapshotChunk, encode_value
+from sinks.wal3 import Wal3Sink, read_log
+
+
+def _bits(state: dict[Any, Any]) -> dict[Any, bytes]:
+    return {cell: encode_value(value) for cell, value in state.items()}
+
+
+def _prepopulated(rng: random.Random, rows: int) -> MemoryStore:
+    cells: dict[Any, Any] = {}
+    for i in range(rows):
+        table = rng.choice(["t", "u", "v"])
+        row: int | str = rng.randrange(-50, 500) if rng.random() < 0.7 else f"r{i}"
+        for column in rng.sample(["a", "b", "c"], rng.randrange(1, 4)):
+            cells[(table, row, column)] = rng.choice([i, -0.0, "é", b"\x00", None, True])
+    return MemoryStore(cells)
+
+
+def _writer(agent: Agent, seed: int, stop: threading.Event) -> None:
+    rng = random.Random(seed)
+    while not stop.is_set():
+        with agent.batch():
+            for _ in range(rng.randrange(1, 5)):
+                table = rng.choice(["t", "u", "v"])
+                row: int | str = (rng.randrange(-60, 520) if rng.random() < 0.7
+                                  else f"r{rng.randrange(300)}")
+                column = rng.choice(["a", "b", "c"])
+                roll = rng.random()
+                if roll < 0.2:
+                    agent.delete(table, row, column)
+                elif roll < 0.25:
+                    agent.clear_row(table, row)
+                else:
+                    agent.set(table, row, column, rng.randrange(1000))
+
+
+def _run(seed: int, rows: int, chunk_rows: int, writers: int
+         ) -> tuple[MemorySink, dict[int, dict[Any, bytes]], Any]:
+    rng = random.Random(seed)
+    store = _prepopulated(rng, rows)
+    sink = MemorySink()
+    truth: dict[int, dict[Any, bytes]] = {0: _bits(store.snapshot())}
+    agent = Agent(store, sink, on_quiescence=lambda m: truth.__setitem__(
+        m.epoch_seq, _bits(store.snapshot())))
+    stop = threading.Event()
+    threads = [threading.Thread(target=_writer, args=(agent, seed * 10 + i, stop))
+               for i in range(writers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.01)  # the writers start before the baseline: pre-baseline events
+    report = agent.snapshot(chunk_rows=chunk_rows)
+    time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join()
+    agent.close()
+    return sink, truth, report
+
+
+def _states_feed(records: list[Any]) -> dict[int, dict[Any, bytes]]:
+    asm = Assembler()
+    states = {}
+    for record in records:
+        for changeset in asm.feed(record):
+            states[changeset.epoch_seq] = _bits(asm.state)
+    asm.check_gaps()
+    return states
+
+
+def _states_bulk(records: list[Any]) -> dict[int, dict[Any, bytes]]:
+    return {s.epoch_seq: _bits(s.state) for s in Assembler().replay(records)}
+
+
+# No shrinking: each example runs writer threads, and a failure's seed is printed anyway.
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(seed=st.integers(0, 10_000), rows=st.integers(0, 120), chunk_rows=st.integers(4, 40),
+       writers=st.integers(0, 3))
+def test_baseline_under_writers_rebuilds_the_store_from_nothing(
+        seed: int, rows: int, chunk_rows: int, writers: int) -> None:
+    """Property: after a baseline taken while writers run, a consumer given no initial
+    state has the store's exact state at every quiescence point (fed record by record
+    and in bulk)."""
+    sink, truth, report = _run(seed, rows, chunk_rows, writers)
+    assert report.chunks == len(sink.snapshot_chunks) >= 1
+    assert report.cells == sum(len(c) for c in sink.snapshot_chunks)
+    last = report.last_point[0]
+    for states in (_states_feed(sink.records), _states_bulk(sink.records)):
+        # The last chunk's changes go out at the next quiescence point, which the
+        # agent makes right after the baseline.
+        after = {q: s for q, s in states.items() if q > last}
+        assert after, "no quiescence point after the baseline"
+        for q, state in after.items():
+            assert state == truth[q], q
+
+
+def test_writers_get_in_between_chunks() -> None:
+    """Writers wait for one chunk at a time, not for the whole baseline: with writers
+    running, the chunks are read at many different quiescence points."""
+    sink, _truth, report = _run(3, 300, 10, 3)
+    points = {c.epoch_seq for c in sink.snapshot_chunks}
+    assert report.chunks >= 30
+    assert len(points) > report.chunks // 2
+    assert report.first_point != report.last_point
+
+
+def test_chunks_tile_the_rows_and_cover_every_cell() -> None:
+    store = _prepopulated(random.Random(5), 100)
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        report = agent.snapshot(chunk_rows=7)
+    chunks = sink.snapshot_chunks
+    assert chunks[0].lo is None and chunks[-1].hi is None and chunks[-1].last
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    for before, after in itertools.pairwise(chunks):
+        assert before.hi == after.lo
+    listed = {(t, r, c): v for chunk in chunks for t, r, c, v in chunk.cells()}
+    assert _bits(listed) == _bits(store.snapshot())
+    assert report.cells == len(listed)
+
+
+def test_memory_store_walk_sees_rows_created_ahead_and_skips_deleted() -> None:
+    store = MemoryStore({("t", i, "a"): i for i in range(10)})
+    first = store.list_cells(None, 3)
+    assert [c[1] for c in first.cells] == [0, 1, 2] and first.next == ("t", 3)
+    store.exchange("t", 4, "a", ABSENT_)  # deleted ahead: not listed
+    store.exchange("t", 5, "b", "new")  # a new cell ahead: listed
+    store.exchange("t", 100, "a", 1)  # a new row ahead: listed
+    store.exchange("t", 1, "z", 1)  # behind the walk: not listed again
+    store.exchange("a", "x", "a", 1)  # another table, before: not listed
+    rest = []
+    start = first.next
+    while start is not None:
+        chunk = store.list_cells(start, 3)
+        rest += chunk.cells
+        start = chunk.next
+    rows = [(t, r, c) for t, r, c, _ in rest]
+    assert ("t", 4, "a") not in rows and ("t", 5, "b") in rows and ("t", 100, "a") in rows
+    assert ("t", 1, "z") not in rows and ("a", "x", "a") not in rows
+    assert len(rows) == len(set(rows))
+
+
+def test_a_fresh_consumer_without_baseline_still_fails_on_a_prepopulated_store() -> None:
+    store = MemoryStore({("t", 1, "a"): 1})
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        agent.set("t", 1, "a", 2)
+    with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
+        list(Assembler().replay(sink.records))
+    with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
+        _states_feed(sink.records)
+
+
+def test_a_consumer_with_state_applies_chunks_as_corrections() -> None:
+    """A consumer that follows the log with the state it was given gets every chunk's
+    differences as a changeset at the chunk's quiescence point."""
+    store = MemoryStore({("t", 1, "a"): 1, ("t", 2, "a"): 2})
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        agent.snapshot()
+        agent.set("t", 1, "a", 3)
+    wrong = {("t", 1, "a"): 1, ("t", 9, "a"): 9}  # misses row 2, holds a row 9 the store has not
+    snaps = list(Assembler(initial_state=wrong).replay(sink.records))
+    assert snaps[-1].state == {("t", 1, "a"): 3, ("t", 2, "a"): 2}
+
+
+def _tampered(records: list[Any], change: Any) -> list[Any]:
+    out = []
+    for record in records:
+        if isinstance(record, SnapshotChunk):
+            record = change(record)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _baseline_log() -> MemorySink:
+    store = MemoryStore({("t", i, "a"): i for i in range(20)})
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        agent.snapshot(chunk_rows=5)
+        agent.set("t", 3, "a", "x")
+    return sink
+
+
+def test_an_altered_chunk_is_refused() -> None:
+    import dataclasses
+
+    import pyarrow as pa
+
+    sink = _baseline_log()
+
+    def alter(chunk: SnapshotChunk) -> SnapshotChunk:
+        if chunk.index != 1:
+            return chunk
+        values = chunk.data.column(3).to_pylist()
+        values[0] = encode_value(12345)
+        data = chunk.data.set_column(3, "value", pa.array(values, pa.binary()))
+        return dataclasses.replace(chunk, data=data)
+
+    with pytest.raises(InconsistentLog, match="setsum of its cells"):
+        list(Assembler().replay(_tampered(sink.records, alter)))
+
+
+def test_a_missing_chunk_is_refused() -> None:
+    sink = _baseline_log()
+    records = _tampered(sink.records, lambda c: None if c.index == 2 else c)
+    with pytest.raises(InconsistentLog, match=r"chunk 3 .* where chunk 2"):
+        list(Assembler().replay(records))
+
+
+def test_async_agent_snapshot() -> None:
+    async def main() -> tuple[MemorySink, dict[Any, Any]]:
+        store = AsyncMemoryStore(MemoryStore({("t", i, "a"): i for i in range(50)}))
+        sink = MemorySink()
+        agent = AsyncAgent(store, sink)
+
+        async def write() -> None:
+            for i in range(200):
+                await agent.set("t", i % 70, "a", -i)
+
+        writer = asyncio.create_task(write())
+        report = await agent.snapshot(chunk_rows=8)
+        await writer
+        assert report.chunks >= 7
+        agent.close()
+        return sink, store.sync.snapshot()
+
+    sink, final = asyncio.run(main())
+    snaps = list(Assembler().replay(sink.records))
+    assert _bits(snaps[-1].state) == _bits(final)
+
+
+def test_baseline_through_wal3_then_read_log_from_nothing() -> None:
+    store = _prepopulated(random.Random(9), 80)
+    sink = Wal3Sink("memory://baseline-wal3")
+    with Agent(store, sink) as agent:
+        agent.set("t", 1, "a", "before")
+        agent.snapshot(chunk_rows=9)
+        agent.set("t", 1, "a", "after")
+    records = list(read_log("memory://baseline-wal3"))
+    assert any(isinstance(r, SnapshotChunk) for r in records)
+    assert all(isinstance(r, SnapshotChunk | EpochRecord) or len(r) for r in records)
+    snaps = list(Assembler().replay(records))
+    assert _bits(snaps[-1].state) == _bits(store.snapshot())
+
+
+def test_snapshot_needs_a_listable_store() -> None:
+    class Plain:
+        def exchange(self, *a: Any) -> Any: ...
+
+    with Agent(Plain(), MemorySink()) as agent, \
+            pytest.raises(TypeError, match="cannot list its cells"):
+        agent.snapshot()

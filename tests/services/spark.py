@@ -1,0 +1,86 @@
+"""One SparkSession (local mode) for the whole test session.
+
+PySpark comes from PyPI (extra ``cdc-agent[spark]``); the connector jars (Delta Lake,
+the Kafka source) come from ``scripts/install-spark.sh`` into ``.cache/spark/jars`` (the
+fixture runs that script if they are missing). Workers run this interpreter
+(``PYSPARK_PYTHON``) and bind to loopback; the UI is off and shuffles use few
+partitions, so the session starts in seconds and small jobs stay small.
+
+Fixtures:
+
+- ``spark`` (session): the running ``SparkSession``, with Delta Lake enabled.
+
+The benchmark (``bench/spark_replay.py``) starts sessions with ``start_session``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["JARS", "ensure_installed", "spark", "start_session"]
+
+ROOT = Path(__file__).resolve().parents[2]
+JARS = ROOT / ".cache" / "spark" / "jars"
+INSTALL = ROOT / "scripts" / "install-spark.sh"
+
+
+def ensure_installed() -> list[Path]:
+    """The connector jars, running the install script once if they are missing."""
+    if not any(JARS.glob("delta-spark_*.jar")):
+        subprocess.run(["bash", str(INSTALL)], check=True, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "CI": "true"}, timeout=900)
+    return sorted(JARS.glob("*.jar"))
+
+
+def start_session(master: str = "local[2]", *, shuffle_partitions: int = 4,
+                  app: str = "cdc-agent-tests", **conf: Any) -> Any:
+    """A local SparkSession with the connector jars and Delta Lake's catalog."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master).appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.jars", ",".join(str(j) for j in ensure_installed()))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog",
+                "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The test session's SparkSession (local[2]); stopped at the end of the session.
+
+    Python workers inherit the environment the JVM started with, so the S3 server's fake
+    credentials are set before it starts (tests never talk to real AWS).
+    """
+    from tests.services.s3 import FAKE_CREDENTIALS
+
+    patch = pytest.MonkeyPatch()
+    for name, value in FAKE_CREDENTIALS.items():
+        patch.setenv(name, value)
+    session = start_session()
+    try:
+        yield session
+    finally:
+        session.stop()
+        patch.undo()

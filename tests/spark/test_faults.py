@@ -1,0 +1,217 @@
+"""Faults in the log: duplicates are harmless, anything lost or altered is refused."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from replay import InconsistentLog
+from replay.spark import LogReplay, UnsupportedRecord, to_state
+from sequencer import EpochRecord
+from sinks.codec import EventBatch
+from sinks.wal3 import CorruptFragment, LogReader, Wal3Sink, fragment_path
+from tests.helpers import bits
+from tests.spark._logs import Logged, Message, messages, rewrite
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+def _epoch_of(records: list[Message], domain_id: int, batch_id: int) -> EpochRecord:
+    return next(r for r in records if isinstance(r, EpochRecord)
+                and r.domain_id == domain_id and r.covers(batch_id))
+
+
+def _last_point_before(records: list[Message], domain_id: int, epoch_seq: int) -> int | None:
+    points = [r.epoch_seq for r in records if isinstance(r, EpochRecord)
+              and r.domain_id == domain_id and r.quiescent and r.epoch_seq < epoch_seq]
+    return max(points) if points else None
+
+
+def _pick_event(records: list[Message], rng: random.Random) -> tuple[int, int]:
+    """A (message index, row) of an event in an epoch that has a quiescence point after."""
+    last_point = {r.domain_id: r.epoch_seq for r in records
+                  if isinstance(r, EpochRecord) and r.quiescent}
+    while True:
+        i = rng.choice([i for i, r in enumerate(records) if isinstance(r, EventBatch)])
+        batch = records[i]
+        assert isinstance(batch, EventBatch)
+        row = rng.randrange(len(batch))
+        domain_id = batch.data.column("domain_id")[row].as_py()
+        epoch = _epoch_of(records, domain_id, batch.data.column("batch_id")[row].as_py())
+        if epoch.epoch_seq <= last_point[domain_id]:
+            return i, row
+
+
+def _replace_row(batch: EventBatch, row: int, column: str, value: bytes) -> EventBatch:
+    data = batch.data
+    index = data.schema.get_field_index(column)
+    values = data.column(index).to_pylist()
+    values[row] = value
+    return EventBatch(data.set_column(index, data.schema.field(index),
+                                      pa.array(values, pa.binary())))
+
+
+def _drop_row(batch: EventBatch, row: int) -> EventBatch:
+    keep = pc.not_equal(pa.array(range(len(batch))), row)
+    return EventBatch(batch.data.filter(keep))
+
+
+@pytest.fixture(scope="module")
+def base(small: Logged) -> list[Message]:
+    return messages(small.uri)
+
+
+@pytest.fixture
+def open_log(spark: Any, tmp_path: Path) -> Callable[[list[Message]], LogReplay]:
+    def run(records: list[Message]) -> LogReplay:
+        return LogReplay(spark, rewrite(tmp_path / "log", records))
+    return run
+
+
+def test_duplicated_messages_and_records_are_harmless(open_log: Any, base: list[Message],
+                                                      small: Logged) -> None:
+    """A third of the messages delivered twice (some late, after their interval): the
+    same states as the original log."""
+    rng = random.Random(5)
+    doubled: list[Message] = []
+    for record in base:
+        doubled.append(record)
+        if rng.random() < 0.33:
+            doubled.append(record)
+    doubled += rng.sample(base, 10)  # late copies, after their intervals closed
+    replay = open_log(doubled)
+    assert bits(to_state(replay.snapshot())) == small.final
+    assert replay.events().count() == small.events
+    replay.unpersist()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_dropped_event_is_refused(open_log: Any, base: list[Message], small: Logged,
+                                    seed: int) -> None:
+    """One event lost: InconsistentLog naming its domain and epoch; points before it
+    still give the store's states, nothing after it is produced."""
+    rng = random.Random(seed)
+    i, row = _pick_event(base, rng)
+    batch = base[i]
+    assert isinstance(batch, EventBatch)
+    domain_id = batch.data.column("domain_id")[row].as_py()
+    epoch = _epoch_of(base, domain_id, batch.data.column("batch_id")[row].as_py())
+    records = [*base[:i], _drop_row(batch, row), *base[i + 1:]]
+    replay = open_log(records)
+    with pytest.raises(InconsistentLog) as info:
+        replay.snapshot()
+    assert info.value.domain_id == domain_id
+    assert info.value.epoch_seq is not None
+    assert info.value.epoch_seq <= _interval_end(base, domain_id, epoch.epoch_seq)
+    with pytest.raises(InconsistentLog):
+        replay.verify()
+    with pytest.raises(InconsistentLog):
+        replay.changesets()
+    before = _last_point_before(base, domain_id, epoch.epoch_seq)
+    if before is not None:
+        token = str(replay.epochs.position(domain_id, before))
+        state = small.domain_state(domain_id, bits(to_state(replay.snapshot(token))))
+        assert state == small.at_quiescence[(domain_id, before)]
+    replay.unpersist()
+
+
+def _interval_end(records: list[Message], domain_id: int, epoch_seq: int) -> int:
+    return min(r.epoch_seq for r in records if isinstance(r, EpochRecord)
+               and r.domain_id == domain_id and r.quiescent and r.epoch_seq >= epoch_seq)
+
+
+@pytest.mark.parametrize("column", ["new", "old"])
+def test_an_altered_value_is_refused(open_log: Any, base: list[Message], column: str) -> None:
+    """One event's value changed (fragments still valid): InconsistentLog."""
+    i, row = _pick_event(base, random.Random(11))
+    batch = base[i]
+    assert isinstance(batch, EventBatch)
+    records = [*base[:i], _replace_row(batch, row, column, b"\x04tampered"), *base[i + 1:]]
+    with pytest.raises(InconsistentLog) as info:
+        open_log(records).verify()
+    assert info.value.domain_id == batch.data.column("domain_id")[row].as_py()
+
+
+def test_an_altered_duplicate_is_refused(open_log: Any, base: list[Message]) -> None:
+    """A second copy of a message that differs in one value: InconsistentLog."""
+    i, row = _pick_event(base, random.Random(12))
+    batch = base[i]
+    assert isinstance(batch, EventBatch)
+    records = [*base[:i + 1], _replace_row(batch, row, "new", b"\x02" + bytes(8)),
+               *base[i + 1:]]
+    with pytest.raises(InconsistentLog, match=r"two different copies|chain|setsum|replace"):
+        open_log(records).verify()
+
+
+def test_a_lost_message_is_refused(open_log: Any, base: list[Message]) -> None:
+    """A whole message of events lost (as if its fragment were): InconsistentLog."""
+    i, _ = _pick_event(base, random.Random(13))
+    with pytest.raises(InconsistentLog):
+        open_log([*base[:i], *base[i + 1:]]).verify()
+
+
+def test_a_missing_epoch_record_is_refused(open_log: Any, base: list[Message]) -> None:
+    """An epoch record lost before a later quiescence point: InconsistentLog naming it."""
+    epochs = [i for i, r in enumerate(base) if isinstance(r, EpochRecord)]
+    i = epochs[len(epochs) // 3]
+    lost = base[i]
+    assert isinstance(lost, EpochRecord)
+    with pytest.raises(InconsistentLog, match="never arrived") as info:
+        open_log([*base[:i], *base[i + 1:]]).verify()
+    assert (info.value.domain_id, info.value.epoch_seq) == (lost.domain_id, lost.epoch_seq)
+
+
+def test_a_record_kind_it_does_not_know_is_refused(spark: Any, tmp_path: Path,
+                                                   base: list[Message]) -> None:
+    """A record of a kind replay.spark does not handle is an error, never skipped."""
+    uri = f"file://{tmp_path / 'log'}"
+    sink = Wal3Sink(uri)
+    sink.write_events(next(r for r in base if isinstance(r, EventBatch)))
+    sink.writer.submit(b"CDC\x01\x7fsomething new").result()
+    sink.close()
+    with pytest.raises(UnsupportedRecord, match="offset 2"):
+        LogReplay(spark, uri).verify()
+
+
+def test_orphan_fragments_in_the_folder_are_not_read(spark: Any, tmp_path: Path,
+                                                     small: Logged) -> None:
+    """Only the manifest's fragments count: an extra file in log/ changes nothing."""
+    copy = tmp_path / "log"
+    shutil.copytree(small.path, copy)
+    reader = LogReader(f"file://{copy}")
+    fragments = reader.scan()
+    source = copy / fragments[0].path
+    orphan = copy / fragment_path(fragments[-1].seq_no + 1)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, orphan)  # the same events again, and an epoch record: unlisted
+    replay = LogReplay(spark, f"file://{copy}")
+    assert len(replay.source.fragments) == len(fragments)
+    assert bits(to_state(replay.snapshot())) == small.final
+    replay.unpersist()
+
+
+def test_a_corrupt_fragment_is_refused(spark: Any, tmp_path: Path, small: Logged) -> None:
+    """A fragment whose bytes no longer match the manifest: CorruptFragment, named."""
+    copy = tmp_path / "log"
+    shutil.copytree(small.path, copy)
+    fragment = LogReader(f"file://{copy}").scan()[1]
+    good = LogReader(f"file://{copy}").fetch(fragment)
+    from sinks.wal3 import encode_fragment
+
+    bodies = [r.body for r in good]
+    bodies[0] = bodies[0][:-1] + bytes([bodies[0][-1] ^ 1])
+    data, _ = encode_fragment(good[0].offset, good[0].timestamp_us, bodies)
+    (copy / fragment.path).write_bytes(data)
+    with pytest.raises(CorruptFragment, match=fragment.path.split("/")[-1]):
+        LogReplay(spark, f"file://{copy}").verify()
