@@ -173,6 +173,14 @@ def parse_request(line: bytes | str) -> Request:
         raise ProtocolError(BAD_JSON, "a request is a JSON object, one per line")
     request_id = _request_id(message.get("id"))
     op = message.get("op")
+    if op in ("snapshot_hold", "snapshot_chunk"):  # baselines: agent.sidecar._snapshot_ops
+        from agent.sidecar._snapshot_ops import parse_snapshot_request
+
+        try:
+            return parse_snapshot_request(op, message, request_id)  # type: ignore[return-value]
+        except ProtocolError as exc:
+            exc.request_id = request_id
+            raise
     if op not in _OPS:
         raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(_OPS)}",
                             request_id)

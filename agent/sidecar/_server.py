@@ -184,6 +184,7 @@ class Sidecar(_Capture):
         self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
         self._handlers: set[asyncio.Task[None]] = set()
+        self._snapshot_holds: set[int] = set()  # connections holding writers (baselines)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._batch_closed: asyncio.Event | None = None
@@ -327,6 +328,10 @@ class Sidecar(_Capture):
             if isinstance(reader, _Reader):
                 reader.detach()
             try:
+                if self._snapshot_holds:
+                    from agent.sidecar._snapshot_ops import release_hold
+
+                    release_hold(self, self._snapshot_holds, connection)
                 self._close_batches(connection, "the client disconnected")
             finally:
                 del self._connections[connection]
@@ -443,7 +448,11 @@ class Sidecar(_Capture):
                     await self._durable()
                     return p.encode_reply(request.id, events=count, durable=True)
             return p.encode_reply(request.id, events=count)
-        assert type(request) is p.Flush
+        if not isinstance(request, p.Flush):  # a baseline: agent.sidecar._snapshot_ops
+            from agent.sidecar._snapshot_ops import handle_snapshot
+
+            return await handle_snapshot(self, self._snapshot_holds, connection,
+                                         request)  # type: ignore[arg-type]
         await self._durable()
         return p.encode_reply(request.id)
 
