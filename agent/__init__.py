@@ -6,6 +6,7 @@ May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start 
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
+from agent._baseline import BaselineReport, CellChunk, ListableStore, SnapshotProgress
 from agent._config import Config, ConfigError, load_config
 from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
 from agent._postgres_spec import (
@@ -28,10 +29,13 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "BaselineReport",
     "CaptureMetrics",
+    "CellChunk",
     "Config",
     "ConfigError",
     "InvalidWrite",
+    "ListableStore",
     "MemoryStore",
     "PostgresError",
     "PostgresStore",
@@ -40,6 +44,7 @@ __all__ = [
     "SchemaMismatch",
     "ShippingBackpressure",
     "ShippingFailed",
+    "SnapshotProgress",
     "TableSpec",
     "WriteFailed",
     "WriteOutcomeUnknown",

@@ -138,6 +138,8 @@ class _Run:
         self.cells = 0
         self.longest_hold = 0.0
         self.started = time.perf_counter()
+        self.rows: dict[str, set[object]] = {}  # the last chunk's rows, per table
+        self.tables: set[str] = set()
 
     def record(self, point: tuple[int, int], chunk: CellChunk, held_since: float) -> bool:
         """Hand one chunk to the shipper (writers still held); True if it was the last."""
@@ -151,10 +153,22 @@ class _Run:
         self.start = chunk.next
         self.last = SnapshotProgress(self.baseline_id, len(self.pending), self.cells,
                                      chunk.next, hold)
+        self.rows = {}
+        for table, row, _column, _value in chunk.cells:
+            self.rows.setdefault(table, set()).add(row)
         return chunk.next is None
 
     def notify(self) -> None:
-        """Report progress (after writers were let go again)."""
+        """Report progress (after writers were let go again): to ``progress`` and to
+        the agent's metrics (``cdc_snapshot_rows`` per table, done at the end)."""
+        report_rows = getattr(self.agent, "_snapshot_progress", None)
+        if report_rows is not None:
+            for table, rows in self.rows.items():
+                self.tables.add(table)
+                report_rows(table, len(rows))
+            if self.last.rows_done_until is None:
+                for table in self.tables:
+                    report_rows(table, 0, done=True)
         if self.progress is not None:
             self.progress(self.last)
 
@@ -198,6 +212,18 @@ async def atake_baseline(agent: _Capture, store: object, *,
                          ) -> BaselineReport:
     """``AsyncAgent.snapshot``: the same, waiting without blocking the event loop."""
     lister: Callable[[Bound | None, int], Awaitable[CellChunk]] = _lister(store)
+    if not agent._snapshot_lock.acquire(blocking=False):
+        raise RuntimeError("a baseline snapshot is already running on this agent; wait for "
+                           "it to finish")
+    try:
+        return await _atake(agent, lister, chunk_rows, progress)
+    finally:
+        agent._snapshot_lock.release()
+
+
+async def _atake(agent: _Capture, lister: Callable[[Bound | None, int], Awaitable[CellChunk]],
+                 chunk_rows: int, progress: Callable[[SnapshotProgress], None] | None
+                 ) -> BaselineReport:
     run = _Run(agent, chunk_rows, progress)
     done = False
     while not done:

@@ -2,7 +2,7 @@
 environment variables that override it (docs/configuration.md).
 
     [agent]                 Agent options: max_quiescence_interval, quiescence_wait_timeout,
-                            max_queue
+                            max_queue, backpressure_timeout
     [sink]                  kind = "memory" | "wal3" | "kafka"; the other keys are the
                             sink's own options (wal3: uri, endpoint_url; kafka: KafkaSink's
                             keyword arguments, with [sink.config] for librdkafka)
@@ -39,7 +39,7 @@ __all__ = ["ENV_PREFIX", "Config", "ConfigError", "load_config", "uri_from_path"
 
 ENV_PREFIX = "CDC_AGENT_"
 _AGENT_KEYS = {"max_quiescence_interval": (int, float), "quiescence_wait_timeout": (int, float),
-               "max_queue": (int,)}
+               "max_queue": (int,), "backpressure_timeout": (int, float)}
 _SECTIONS = {"agent", "sink", "store", "consumer"}
 _SINK_KINDS = '"memory", "wal3", "kafka"'
 _SCHEMES = ("file://", "s3://", "memory://")
@@ -253,7 +253,9 @@ def _typed(name: str, text: str, current: Any, declared: type | None) -> Any:
     """``text`` as the type of the value it replaces (or the declared one); a new key of
     unknown type is read as a TOML value if it is one (``6``, ``true``, ``[..]``), else
     kept as a string."""
-    wanted = type(current) if current is not None else declared
+    # A declared type wins: "seconds = 9" in the file still takes "0.5" from the
+    # environment.
+    wanted = declared if declared is not None else type(current) if current is not None else None
     try:
         if wanted is bool:
             lowered = text.strip().lower()

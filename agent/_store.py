@@ -12,7 +12,7 @@ import bisect
 import struct
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sequencer import ABSENT, Absent, RowKey, Value
 from sinks._snapshot_codec import Bound, row_order
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncMemoryStore", "AsyncRelaxedStore", "Cell", "MemoryStore", "RelaxedStore"]
 
 Cell = tuple[str, RowKey, str]
+_NO_CELLS: dict[str, Value] = {}
 
 
 @runtime_checkable
@@ -93,7 +94,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         # While list_cells walks the store: its sorted row index, and the rows created
         # since it was built (merged in at the next call).
-        self._index: list[tuple[Any, ...]] | None = None
+        self._index: list[tuple[str, bool, RowKey]] | None = None
         self._created: list[tuple[str, RowKey]] | None = None
         for (table, row, column), value in (cells or {}).items():
             self._rows.setdefault((table, row), {})[column] = value
@@ -169,37 +170,27 @@ class MemoryStore:
 
         with self._lock:
             if start is None or self._index is None:
-                self._index = sorted((*row_order(t, r), t, r) for t, r in list(self._rows))
+                # (table, is_str, row): the same order as sinks' row_order (False == 0).
+                self._index = sorted([(t, type(r) is str, r) for t, r in self._rows])
                 self._created = []
             index = self._index
             assert self._created is not None
             for table, row in self._created:
-                bisect.insort(index, (*row_order(table, row), table, row))
+                entry = (table, type(row) is str, row)
+                at = bisect.bisect_left(index, entry)
+                if at == len(index) or index[at] != entry:
+                    index.insert(at, entry)
             self._created = []
             pos = 0 if start is None else bisect.bisect_left(index, row_order(*start))
-            rows = self._rows
-            out: list[tuple[str, RowKey, str, Value]] = []
-            taken = 0
-            previous = None
-            while pos < len(index) and taken < limit:
-                entry = index[pos]
-                pos += 1
-                key = entry[3:]
-                if key == previous:
-                    continue  # a row deleted and created again is indexed twice
-                previous = key
-                cells = rows.get(key)
-                if cells is None:
-                    continue  # deleted since the index was built
-                table, row = key
-                out += [(table, row, column, value) for column, value in cells.items()]
-                taken += 1
-            while pos < len(index) and index[pos][3:] == previous:
-                pos += 1
-            if pos >= len(index):
+            end = min(pos + limit, len(index))
+            get = self._rows.get
+            out = [(t, r, c, v) for t, _kind, r in index[pos:end]
+                   for c, v in (get((t, r)) or _NO_CELLS).items()]  # None: deleted since
+            if end >= len(index):
                 self._index = self._created = None
                 return CellChunk(out, None)
-            return CellChunk(out, index[pos][3:])
+            table, _kind, row = index[end]
+            return CellChunk(out, (table, row))
 
 
 class AsyncMemoryStore:

@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "agent._cli_log",  # cdc-agent log inspect|scrub|verify|gc (wal3)
     "agent._cli_tail",  # cdc-agent tail kafka|wal3
     "agent._cli_sidecar",  # cdc-agent sidecar
+    "agent._cli_snapshot",  # cdc-agent snapshot (baseline of a configured store)
     "agent._cli_health",  # cdc-agent health (probes a sidecar)
     "agent._cli_spark",  # cdc-agent spark snapshot|changesets|verify (Spark)
 )

@@ -12,9 +12,10 @@ baseline. So while a baseline runs (its chunk 0 applied, its last not yet), such
 consumer checks the cancel-out chains of the rows already covered (below the last
 chunk's ``hi``) and leaves the others to their chunk; counts and setsums are checked
 for every event. If its strict replay breaks on a cell before any baseline came, the
-failure is held (the domain waits) until a chunk 0 of that domain arrives; from there
-it replays with nothing covered until the baseline covers the rows. A log that ends
-without one raises the held failure. Once the last chunk is applied the state is
+failure is held (the domain waits, and says so in a warning) until a chunk 0 of that
+domain arrives; from there it replays with nothing covered until the baseline covers
+the rows. A log that ends without one raises the held failure, and so does a stream
+with ``HOLD_LIMIT_EPOCHS`` epochs waiting behind it. Once the last chunk is applied the state is
 whole and every later interval is checked strictly again.
 
 Each chunk is verified like an epoch: its cell count and its setsum, that chunks come
@@ -23,11 +24,13 @@ in order and tile the row space (each ``lo`` is the previous ``hi``).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
+import structlog
 
 from replay._bulk import BrokenChain, cancel_out
 from replay._errors import InconsistentLog
@@ -38,9 +41,14 @@ if TYPE_CHECKING:
     from replay._assembler import Assembler, Changeset, _Domain
     from replay._position import Position
 
-__all__ = ["Baselines"]
+__all__ = ["HOLD_LIMIT_EPOCHS", "Baselines"]
+
+log = structlog.get_logger()
 
 _NOTHING: Final = ("", -2, 0)  # below every row: nothing covered yet
+# A held failure is raised once this many epochs of its domain wait behind it with no
+# baseline in sight (a stream never "ends": it must not stall forever in silence).
+HOLD_LIMIT_EPOCHS: Final = 100_000
 
 
 @dataclass
@@ -52,10 +60,10 @@ class _Track:
     next_index: int = 0
     expect_lo: Any = None
     covered: tuple[Any, ...] | None = None  # None: strict; else rows below are covered
+    # While covered is set, the state's rows not covered yet do not change (their
+    # events are left to their chunk): their keys, sorted by row, found once.
+    index: list[tuple[Any, bytes]] = field(default_factory=list)
     held: InconsistentLog | None = None
-    # Chunk changes not handed out yet: they go out with the next interval's changeset,
-    # so every changeset has a position of its own (a replica skips a repeated one).
-    carry: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 class Baselines:
@@ -67,6 +75,10 @@ class Baselines:
         self.trusted = not fresh
         self._tracks: dict[int, _Track] = {}
         self.chunks_applied = 0
+        # Chunk changes not handed out yet: they go out with the next changeset (of any
+        # domain), so every changeset keeps a position of its own (a replica skips a
+        # repeated one), and a domain that ended mid-baseline strands nothing.
+        self.carry: dict[bytes, tuple[bytes, bytes]] = {}
 
     def _track(self, domain_id: int) -> _Track:
         track = self._tracks.get(domain_id)
@@ -78,9 +90,11 @@ class Baselines:
 
     def wants(self, domain_id: int) -> bool:
         """True if this domain's intervals must go through ``drain`` (not the fast path)."""
+        if self.carry:
+            return True
         track = self._tracks.get(domain_id)
         return track is not None and (bool(track.pending) or track.covered is not None
-                                      or track.held is not None or bool(track.carry))
+                                      or track.held is not None)
 
     def feed(self, asm: Assembler, chunk: SnapshotChunk, *, defer: bool) -> list[Changeset]:
         domain = asm._domain(chunk.domain_id)
@@ -109,6 +123,8 @@ class Baselines:
         if track.covered is not None:
             return False
         track.held = exc
+        log.warning("cdc.replay_waiting_for_baseline", domain_id=f"{domain_id:016x}",
+                    error=str(exc))
         return True
 
     def check_held(self) -> None:
@@ -124,13 +140,16 @@ class Baselines:
         while True:
             if track.held is not None:
                 if not any(c.index == 0 for c in track.pending):
+                    if len(domain.epochs) > HOLD_LIMIT_EPOCHS:
+                        raise track.held
                     return done  # wait for a baseline
                 track.held = None
-                track.covered = _NOTHING
+                self._open_window(asm, track)
             self._apply_ready(asm, domain, track)
             changeset = self._advance(asm, domain, track)
-            if changeset is not None and track.carry:
-                changeset = _with_carry(changeset, track)
+            if changeset is not None and self.carry:
+                changeset = _with_carry(changeset, self.carry)
+                self.carry = {}
             if changeset is None:
                 if track.held is not None:
                     continue  # held just now: a chunk 0 may be waiting already
@@ -161,7 +180,7 @@ class Baselines:
         if chunk.index == 0:
             track.baseline_id, track.next_index, track.expect_lo = chunk.baseline_id, 0, None
             if not self.trusted and track.covered is None:
-                track.covered = _NOTHING
+                self._open_window(asm, track)
         if chunk.baseline_id != track.baseline_id or chunk.index != track.next_index:
             if track.covered is not None:
                 raise InconsistentLog(
@@ -188,7 +207,9 @@ class Baselines:
                                         chunk.data.column(3).to_pylist(), strict=True)}
         changes: dict[bytes, bytes] = {}
         before: dict[bytes, bytes] = {}
-        for key in _state_keys_in(state, lo, hi):
+        keys = (_index_keys_in(track.index, lo, hi) if track.covered is not None
+                else _state_keys_in(state, lo, hi))
+        for key in keys:
             if key not in listed:
                 changes[key], before[key] = b"", state[key]
         for key, value in listed.items():
@@ -200,16 +221,21 @@ class Baselines:
                 state[key] = value
             else:
                 state.pop(key, None)
-            first_before = track.carry[key][1] if key in track.carry else before[key]
-            track.carry[key] = (value, first_before)
+            first_before = self.carry[key][1] if key in self.carry else before[key]
+            self.carry[key] = (value, first_before)
         if track.covered is not None:
             if chunk.last:
                 track.covered = None
+                track.index = []
                 self.trusted = True
             else:
                 assert hi is not None
                 track.covered = hi
         self.chunks_applied += 1
+
+    def _open_window(self, asm: Assembler, track: _Track) -> None:
+        track.covered = _NOTHING
+        track.index = sorted((_key_order(key), key) for key in asm._state)
 
     # -- intervals -------------------------------------------------------------------------
 
@@ -297,19 +323,31 @@ def _encoded(changeset: Changeset) -> tuple[dict[bytes, bytes], dict[bytes, byte
             dict(zip(keys, net.initials[lo:hi], strict=True)))
 
 
-def _with_carry(changeset: Changeset, track: _Track) -> Changeset:
+def _with_carry(changeset: Changeset, carry: dict[bytes, tuple[bytes, bytes]]
+                ) -> Changeset:
     """The changeset with the chunk changes made before its interval folded in."""
-    changes = {k: v for k, (v, _b) in track.carry.items()}
-    before = {k: b for k, (_v, b) in track.carry.items()}
+    changes = {k: v for k, (v, _b) in carry.items()}
+    before = {k: b for k, (_v, b) in carry.items()}
     finals, initials = _encoded(changeset)
     for key, final in finals.items():
         changes[key] = final
         before.setdefault(key, initials[key])
-    track.carry = {}
     keep = [k for k in changes if changes[k] != before[k]]
     return _changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
                       changeset.position, {k: changes[k] for k in keep},
                       {k: before[k] for k in keep})
+
+
+def _key_order(key: bytes) -> tuple[Any, ...]:
+    table, _column, row = key.split(b"\x00", 2)
+    return row_order(table.decode(), decode_key(row))
+
+
+def _index_keys_in(index: list[tuple[Any, bytes]], lo: Any, hi: Any) -> list[bytes]:
+    """The keys of ``index`` (sorted by row) whose row lies in [lo, hi)."""
+    start = 0 if lo is None else bisect.bisect_left(index, (lo,))
+    end = len(index) if hi is None else bisect.bisect_left(index, (hi,))
+    return [key for _order, key in index[start:end]]
 
 
 def _state_keys_in(state: dict[bytes, bytes], lo: Any, hi: Any) -> list[bytes]:

@@ -9,7 +9,7 @@ from sinks._log_routing import route_library_logs
 from sinks._memory import MemorySink, RecordingSink
 from sinks._protocol import Sink, SinkBackpressure, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
-from sinks.codec import EventBatch
+from sinks.codec import EventBatch, SnapshotChunk
 
 route_library_logs()  # events to the logging module, never stdout (sinks/_log_routing.py)
 
@@ -23,4 +23,5 @@ __all__ = [
     "SinkClosed",
     "SinkError",
     "SinkTimeout",
+    "SnapshotChunk",
 ]

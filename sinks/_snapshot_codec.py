@@ -22,6 +22,7 @@ from sinks.codec import (
     KIND_SNAPSHOT,
     MAGIC,
     CodecError,
+    _check_tags,
     decode_key,
     decode_value,
     encode_key,
@@ -189,14 +190,19 @@ def decode_snapshot(payload: memoryview) -> SnapshotChunk:
         table = pa.ipc.open_stream(pa.py_buffer(payload[pos:])).read_all()
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise CodecError(f"corrupt SNAPSHOT header: {exc}") from exc
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise CodecError(f"corrupt SNAPSHOT payload: {exc}") from exc
     if not table.schema.equals(SNAPSHOT_SCHEMA):
         raise CodecError(f"SNAPSHOT payload has schema {table.schema}, not SNAPSHOT_SCHEMA")
     if flags & ~1:
         raise CodecError(f"SNAPSHOT flags {flags:#x} has unknown bits")
-    batches = table.combine_chunks().to_batches()
-    data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=SNAPSHOT_SCHEMA)
+    try:  # untrusted bytes: full validation, as for EVENTS (issue 10, item 2)
+        table.validate(full=True)
+        batches = table.combine_chunks().to_batches()
+        data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=SNAPSHOT_SCHEMA)
+        _check_tags(data, "SNAPSHOT", values=("value",), absent_ok=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise CodecError(f"corrupt SNAPSHOT payload: {type(exc).__name__}: {exc}") from exc
     if data.num_rows != count:
         raise CodecError(f"SNAPSHOT says {count} cells but holds {data.num_rows}")
     return SnapshotChunk(domain, seq, end, baseline, index, bool(flags & 1), lo, hi, data,

@@ -364,13 +364,14 @@ def _decode_events(payload: memoryview) -> EventBatch:
     return EventBatch(data)
 
 
-def _check_tags(data: pa.RecordBatch) -> None:
+def _check_tags(data: pa.RecordBatch, what: str = "EVENTS",
+                values: tuple[str, ...] = ("old", "new"), absent_ok: bool = True) -> None:
     """Refuse nulls, row keys that are not tagged keys and cells that are not tagged
     values (so ``to_events`` and every reader of the columns can trust them)."""
-    for i, name in enumerate(EVENT_SCHEMA.names):
+    for i, name in enumerate(data.schema.names):
         if data.column(i).null_count:
-            raise CodecError(f"EVENTS column {name!r} holds nulls")
-    for name in ("row", "old", "new"):
+            raise CodecError(f"{what} column {name!r} holds nulls")
+    for name in ("row", *values):
         col = data.column(name)
         offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1,
                                 offset=col.offset * 4).astype(np.int64)
@@ -387,13 +388,13 @@ def _check_tags(data: pa.RecordBatch) -> None:
         if name == "row":
             ok = ((tags == 0x02) & (lengths == 9)) | (tags == 0x04)
         else:
-            ok = (~present | ((tags == 0x00) & (lengths == 1))
+            ok = ((~present & absent_ok) | ((tags == 0x00) & (lengths == 1))
                   | ((tags == 0x01) & (lengths == 2) & ((second == 0) | (second == 1)))
                   | (fixed & (lengths == 9)) | (tags == 0x04) | (tags == 0x05))
         bad = np.flatnonzero(~ok)
         if len(bad):
             at = int(bad[0])
-            raise CodecError(f"EVENTS row {at}: {name} is not a tagged "
+            raise CodecError(f"{what} row {at}: {name} is not a tagged "
                              f"{'key' if name == 'row' else 'value'}: "
                              f"{col[at].as_py()[:16]!r}")
         text = np.flatnonzero(tags == 0x04)
@@ -402,7 +403,7 @@ def _check_tags(data: pa.RecordBatch) -> None:
             try:
                 strings.cast(pa.utf8())
             except pa.ArrowInvalid as exc:
-                raise CodecError(f"EVENTS column {name!r} holds a str that is not UTF-8") from exc
+                raise CodecError(f"{what} column {name!r} holds a str that is not UTF-8") from exc
 
 
 def _decode_epoch(payload: memoryview) -> EpochRecord:

@@ -272,3 +272,87 @@ def test_snapshot_needs_a_listable_store() -> None:
     with Agent(Plain(), MemorySink()) as agent, \
             pytest.raises(TypeError, match="cannot list its cells"):
         agent.snapshot()
+
+
+class _FailingSink(MemorySink):
+    """A MemorySink that fails at its ``fail_at``-th snapshot chunk (the agent 'dies')."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        if len(self.snapshot_chunks) == self.fail_at:
+            raise OSError("disk gone")
+        super().write_snapshot(chunk)
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 3])
+def test_a_baseline_cut_short_then_a_new_agent_takes_another(fail_at: int) -> None:
+    """A crash in the middle of a baseline (the sink fails at chunk ``fail_at``): the
+    log ends with a partial baseline; a new agent (a new domain) takes a new one, and a
+    consumer from nothing rebuilds the store after it, never raising on the old part."""
+    from agent import ShippingFailed
+
+    store = _prepopulated(random.Random(11), 60)
+    first = _FailingSink(fail_at)
+    agent = Agent(store, first)
+    agent.set("t", 1, "a", "before the crash")
+    with pytest.raises(ShippingFailed):
+        agent.snapshot(chunk_rows=10)
+    records = list(first.records)
+    second = MemorySink()
+    with Agent(store, second) as again:
+        again.set("t", 2, "b", "after the restart")
+        again.snapshot(chunk_rows=10)
+        again.set("t", 3, "c", "later")
+    snaps = list(Assembler().replay(records + second.records))
+    assert _bits(snaps[-1].state) == _bits(store.snapshot())
+
+
+def test_a_stream_waiting_for_a_baseline_that_never_comes_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fed record by record (a stream never ends), a held failure is raised once enough
+    epochs wait behind it: the consumer does not stall in silence."""
+    import replay._baseline
+
+    monkeypatch.setattr(replay._baseline, "HOLD_LIMIT_EPOCHS", 20)
+    store = MemoryStore({("t", 1, "a"): 1})
+    sink = MemorySink()
+    with Agent(store, sink) as agent:
+        for i in range(30):
+            agent.set("t", 1, "a", i + 2)
+    asm = Assembler()
+    with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
+        for record in sink.records:
+            asm.feed(record)
+
+
+def test_snapshot_progress_reaches_the_metrics() -> None:
+    """Each chunk's rows are counted per table in the agent's metrics; done at the end."""
+    from prometheus_client import CollectorRegistry
+
+    from agent._metrics import CaptureMetrics
+
+    registry = CollectorRegistry()
+    store = MemoryStore({("a", i, "x"): i for i in range(25)} | {("b", "k", "y"): 1})
+    with Agent(store, MemorySink(), metrics=CaptureMetrics(registry)) as agent:
+        agent.snapshot(chunk_rows=7)
+    rows = registry.get_sample_value
+    assert rows("cdc_snapshot_rows_total", {"table": "a"}) == 25
+    assert rows("cdc_snapshot_rows_total", {"table": "b"}) == 1
+    assert rows("cdc_snapshot_done", {"table": "a"}) == 1
+
+
+def test_two_async_baselines_at_once_are_refused() -> None:
+    async def main() -> None:
+        store = AsyncMemoryStore(MemoryStore({("t", i, "a"): i for i in range(40)}))
+        agent = AsyncAgent(store, MemorySink())
+        first = asyncio.create_task(agent.snapshot(chunk_rows=2))
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="already running"):
+            await agent.snapshot()
+        await first
+        agent.close()
+
+    asyncio.run(main())

@@ -73,6 +73,21 @@ def test_a_wal3_config_ships_a_replayable_log(tmp_path: Path) -> None:
     assert state == store.snapshot()
 
 
+def test_every_agent_option_reaches_the_agent(tmp_path: Path) -> None:
+    """Each [agent] key the loader accepts is a keyword the Agent takes, from the file and
+    from the environment (backpressure_timeout included)."""
+    text = ("[agent]\nmax_queue = 16\nmax_quiescence_interval = 2.5\n"
+            "quiescence_wait_timeout = 9\nbackpressure_timeout = 4\n[sink]\nkind = 'memory'\n")
+    config = load_config(write(tmp_path, text),
+                         environ={"CDC_AGENT_AGENT__BACKPRESSURE_TIMEOUT": "0.5"})
+    assert config.agent["backpressure_timeout"] == 0.5
+    agent = Agent(MemoryStore(), config.open_sink(), **config.agent)
+    try:
+        assert agent._backpressure_timeout == 0.5
+    finally:
+        agent.close()
+
+
 def test_memory_config_gives_memory_store_and_sink(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "[store]\nkind = 'memory'\n[sink]\nkind = 'memory'\n"))
     assert isinstance(config.open_store(), MemoryStore)

@@ -13,19 +13,21 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sequencer import ABSENT, ChangeEvent, EpochRecord
 from sinks.codec import (
     CodecError,
     EventBatch,
+    SnapshotChunk,
     decode,
     decode_key,
     decode_value,
     encode_epoch,
     encode_events,
     encode_key,
+    encode_snapshot,
     encode_value,
     segment_digests,
 )
@@ -43,6 +45,12 @@ MESSAGES = [
     encode_epoch(EpochRecord(7, 2, 3, 9, 26, True, (("t", 20), ("u", 6)), "ab" * 32, 3)),
     encode_epoch(EpochRecord(7, 3, 9, 12, 0, False)),
 ]
+SNAPSHOTS = [
+    encode_snapshot(SnapshotChunk.build(7, 2, 9, 1, 0, False, None, ("t", 5), [
+        ("t", i, "c", CELLS[i % (len(CELLS) - 1)]) for i in range(12)])),
+    encode_snapshot(SnapshotChunk.build(7, 2, 9, 1, 1, True, ("t", "k"), None,
+                                        [("u", "k", "c", "é")])),
+]
 
 
 def use(message: bytes) -> None:
@@ -55,6 +63,9 @@ def use(message: bytes) -> None:
         events = decoded.to_events()
         assert len(events) == len(decoded)
         list(segment_digests(decoded.data))
+    elif isinstance(decoded, SnapshotChunk):
+        assert len(decoded.cells()) == decoded.cell_count
+        decoded.actual_setsum()
     else:
         assert isinstance(decoded, EpochRecord)
         assert decode(encode_epoch(decoded)) == decoded
@@ -75,6 +86,13 @@ def test_damaged_event_payloads_decode_or_raise_codec_error(message: bytes) -> N
 
 
 @FUZZ
+@given(damaged(SNAPSHOTS) | damaged(SNAPSHOTS, keep=5))
+def test_damaged_snapshot_chunks_decode_or_raise_codec_error(message: bytes) -> None:
+    """SNAPSHOT messages (codec version 2): the same, cells and setsum used after."""
+    use(message)
+
+
+@FUZZ
 @given(st.binary(max_size=300) | st.binary(max_size=300).map(lambda b: b"CDC\x01" + b))
 def test_arbitrary_bytes_decode_or_raise_codec_error(message: bytes) -> None:
     use(message)
@@ -83,6 +101,9 @@ def test_arbitrary_bytes_decode_or_raise_codec_error(message: bytes) -> None:
 @FUZZ
 @given(st.binary(max_size=40) | st.sampled_from([0, 1, 2, 3, 4, 5, 6, 255]).flatmap(
     lambda tag: st.binary(max_size=12).map(lambda b: bytes([tag]) + b)))
+@example(b"\x01\x07")
+@example(b"\x02" + bytes(10))
+@example(b"\x03" + bytes(8))
 def test_values_and_keys_decode_exactly_or_raise_codec_error(raw: bytes) -> None:
     """A tagged value/key that decodes re-encodes to the same bytes; the rest is CodecError."""
     try:
@@ -99,15 +120,37 @@ def test_values_and_keys_decode_exactly_or_raise_codec_error(raw: bytes) -> None
         assert encode_key(key) == raw
 
 
+def test_a_snapshot_chunk_with_bad_utf8_is_refused_at_decode() -> None:
+    """A SNAPSHOT whose table column is not UTF-8: CodecError from decode (before, it
+    decoded and cells() raised UnicodeDecodeError)."""
+    assert SNAPSHOTS[0].count(b"t" * 12) == 1
+    with pytest.raises(CodecError, match="corrupt SNAPSHOT payload"):
+        decode(SNAPSHOTS[0].replace(b"t" * 12, b"\xff" + b"t" * 11))
+
+
+def test_a_snapshot_cell_never_holds_absent() -> None:
+    """A chunk lists present cells: an empty (ABSENT) value is refused at decode, as is
+    a value with an unknown tag."""
+    chunk = SnapshotChunk.build(7, 2, 9, 1, 0, True, None, None, [("t", 1, "c", ABSENT)])
+    with pytest.raises(CodecError, match="value is not a tagged value"):
+        decode(encode_snapshot(chunk))
+    good = encode_snapshot(SnapshotChunk.build(7, 2, 9, 1, 0, True, None, None,
+                                               [("t", 1, "c", b"\x0c\x0c")]))
+    assert good.count(b"\x05\x0c\x0c") == 1
+    with pytest.raises(CodecError, match="value is not a tagged value"):
+        decode(good.replace(b"\x05\x0c\x0c", b"\x0c\x0c\x0c"))
+
+
 def test_a_crash_in_a_child_process_fails_this_test() -> None:
-    """Thousands of damaged EVENTS messages decoded and used in a child: it exits 0 (a
+    """Thousands of damaged EVENTS and SNAPSHOT messages decoded and used in a child: it
+    exits 0 (a
     segfault, as one flipped bit caused before decode validated, would not)."""
     code = textwrap.dedent("""
         import random
-        from tests.fuzz.test_codec_fuzz import MESSAGES, use
+        from tests.fuzz.test_codec_fuzz import MESSAGES, SNAPSHOTS, use
         rng = random.Random(20261122)
         for n in range(4000):
-            data = bytearray(MESSAGES[0])
+            data = bytearray(MESSAGES[0] if n % 2 else SNAPSHOTS[0])
             for _ in range(rng.randint(1, 3)):
                 data[rng.randrange(5, len(data))] ^= 1 << rng.randrange(8)
             use(bytes(data))

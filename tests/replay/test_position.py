@@ -91,3 +91,15 @@ def test_a_position_holds_at_most_64_seen_epochs() -> None:
     widest = Position(1, 2, 3, (1 << 64) - 1)
     assert Position.parse(str(widest)) == widest
     assert widest.seen_epochs() == list(range(3, 67))
+
+
+def test_tokens_parse_whatever_their_case_and_surrounding_space() -> None:
+    """Hex digits are read case-insensitively; the text form is always lowercase."""
+    position = Position.parse("  A:3:FF+16\n")
+    assert position == Position(10, 3, 255, 0x16) and str(position) == "a:3:ff+16"
+
+
+def test_covers_is_at_or_past_in_the_same_domain() -> None:
+    here = Position(1, 5, 9)
+    assert here.covers(Position(1, 5, 9)) and here.covers(Position(1, 4, 2))
+    assert not here.covers(Position(1, 6, 12)) and not here.covers(Position(2, 1, 1))

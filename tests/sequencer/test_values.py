@@ -77,3 +77,42 @@ def test_accepted_text_always_encodes(text: str) -> None:
         else:
             with pytest.raises(InvalidWrite):
                 check(text)
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@pytest.mark.parametrize("number", [INT64_MIN, INT64_MAX, 0, -1])
+def test_the_int64_bounds_are_accepted(number: int) -> None:
+    """The extreme 64-bit ints are values and row keys, on the hot path and off it."""
+    assert check_value(number) == number and check_row(number) == number
+    check_write("t", number, "c", number)
+
+
+@pytest.mark.parametrize("number", [INT64_MIN - 1, INT64_MAX + 1, 1 << 64])
+def test_ints_beyond_64_bits_are_refused(number: int) -> None:
+    with pytest.raises(InvalidWrite, match="64-bit"):
+        check_value(number)
+    with pytest.raises(InvalidWrite, match="64-bit"):
+        check_row(number)
+    with pytest.raises(InvalidWrite, match="64-bit"):
+        check_write("t", 1, "c", number)
+    with pytest.raises(InvalidWrite, match="64-bit"):
+        check_write("t", number, "c", 1)
+
+
+def test_names_are_identifiers_of_at_most_63_characters() -> None:
+    assert check_name("table", "a" * 63) == "a" * 63
+    assert check_name("table", "_9") == "_9"
+    for bad in ("a" * 64, "9a", "", "a-b", "a b", "é"):
+        with pytest.raises(InvalidWrite, match="not an identifier"):
+            check_name("table", bad)
+
+
+@pytest.mark.parametrize("row", [True, False, 1.0, b"k", None])
+def test_row_keys_are_str_or_int_only(row: object) -> None:
+    """bool is not an int key (True would alias 1), nor are floats, bytes or None."""
+    with pytest.raises(InvalidWrite, match="row key"):
+        check_row(row)
+    with pytest.raises(InvalidWrite, match="row key"):
+        check_write("t", row, "c", 1)

@@ -271,6 +271,17 @@ def test_fragment_without_our_metadata_still_decodes() -> None:
         (6).to_bytes(8, "big") + (9).to_bytes(8, "big") + b"b"])
 
 
+def test_chroma_relative_offsets_count_from_the_pointer_start() -> None:
+    """A fragment with a relative_offset column holds records start, start + 1, ..."""
+    table = pa.table({"relative_offset": pa.array([0, 1, 2], pa.uint64()),
+                      "timestamp_us": pa.array([9, 9, 9], pa.uint64()),
+                      "body": pa.array([b"a", b"b", b"c"], pa.binary())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    decoded = decode_fragment(sink.getvalue().to_pybytes(), start=40)
+    assert decoded.offsets == [40, 41, 42] and (decoded.start, decoded.limit) == (40, 43)
+
+
 def test_corrupt_fragments_are_rejected() -> None:
     """Garbage bytes, gaps in offsets, and a stored setsum that disagrees all raise."""
     with pytest.raises(CorruptFragment):

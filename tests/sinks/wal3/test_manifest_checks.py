@@ -127,3 +127,30 @@ def test_log_inspect_reports_an_inconsistent_manifest(
     assert info["manifest_problems"]
     assert main(["log", "verify", uri]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_fragment_numbers_must_follow_on() -> None:
+    """Fragments 1, 2, 4 (canonical paths, contiguous offsets, setsums balancing) fail
+    scrub: a missing sequence number is a lost fragment."""
+    from sinks.wal3 import Fragment, Manifest, fragment_path
+
+    frags = [Fragment(fragment_path(n), n, 10 * i + 1, 10 * i + 11, 5, Setsum.of([b"%d" % n]))
+             for i, n in enumerate((1, 2, 4))]
+    manifest = Manifest(Setsum.of([b"1", b"2", b"4"]), Setsum(), 15, "w", (), tuple(frags))
+    with pytest.raises(CorruptManifest, match="seq_no 4 does not follow 2"):
+        manifest.scrub()
+
+
+def test_a_snapshot_that_does_not_match_its_pointer_is_refused(
+        store: InMemoryObjectStore) -> None:
+    """A manifest whose snapshot pointer disagrees with the snapshot it names (here its
+    byte count, which no setsum covers) is refused when the snapshot is loaded."""
+    manifest = LogReader(store).manifest()
+    assert manifest.snapshots
+
+    def change(obj: dict[str, Any]) -> None:
+        obj["snapshots"][0]["num_bytes"] += 1
+
+    rewrite_manifest(store, change)
+    with pytest.raises(CorruptManifest, match="does not match its pointer"):
+        list(LogReader(store).records())

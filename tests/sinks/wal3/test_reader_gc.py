@@ -295,3 +295,17 @@ def test_gc_up_to_a_cursor_at_the_very_end(mem_store: InMemoryObjectStore) -> No
     with LogWriter.open(mem_store) as writer:
         assert writer.append(b"next").offset == 31
     assert [r.body for r in reader.records()] == [b"next"]
+
+
+def test_reading_from_an_offset_skips_the_snapshots_below_it(
+        mem_store: InMemoryObjectStore) -> None:
+    """records(from) walks the tree lazily: a snapshot wholly below the start offset
+    (ending exactly at it, too) is never fetched."""
+    fill(mem_store, 60)
+    manifest = LogReader(mem_store).manifest()
+    first = manifest.snapshots[0]
+    mem_store.calls.clear()
+    bodies = [r.body for r in LogReader(mem_store).records(first.limit)]
+    assert bodies == [b"%d" % i for i in range(first.limit - 1, 60)]
+    fetched = {c.key for c in mem_store.calls if c.op == "get"}
+    assert first.path_to_snapshot not in fetched

@@ -122,12 +122,12 @@ class WatchedClock(FakeClock):
                 self._cv.notify_all()
         return self.now
 
-    def batcher_looked(self, times: int = 3) -> bool:
+    def batcher_looked(self, times: int = 3, timeout: float = 10) -> bool:
         """Wait until the batcher has read the clock ``times`` more times (it re-checks
         a waiting queue at least every 50 ms of real time, and stops once it is empty)."""
         with self._cv:
             target = self.batcher_reads + times
-            return self._cv.wait_for(lambda: self.batcher_reads >= target, 10)
+            return self._cv.wait_for(lambda: self.batcher_reads >= target, timeout)
 
 
 def test_batching_by_interval(mem_store: InMemoryObjectStore) -> None:
