@@ -257,6 +257,7 @@ def test_only_the_setsum_sees_a_changed_final_value(open_log: Any, base: list[Me
         epoch = _epoch_of(base, domain_id, batch.data.column("batch_id")[row].as_py())
         if epoch.epoch_seq <= last_point[domain_id] and batch.data.column("new")[row].as_py():
             break
+    assert isinstance(batch, EventBatch)
     records = [*base[:i], _replace_row(batch, row, "new", b"\x04forged"), *base[i + 1:]]
     with pytest.raises(InconsistentLog, match="setsum") as info:
         open_log(records).verify()
