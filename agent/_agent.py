@@ -516,5 +516,19 @@ class Agent(_Capture):
         """
         from agent._baseline import take_baseline
 
+        metrics = self.metrics
+        if metrics is not None:  # count each chunk for the snapshot metrics, then report
+            reported = 0
+            caller = progress
+
+            def counted(step: SnapshotProgress) -> None:
+                nonlocal reported
+                metrics.baseline_chunk(step.cells - reported,
+                                       finished=step.rows_done_until is None)
+                reported = step.cells
+                if caller is not None:
+                    caller(step)
+
+            progress = counted
         return take_baseline(self, self.store, chunk_rows=chunk_rows, progress=progress,
                              flush_timeout=flush_timeout)

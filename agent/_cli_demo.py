@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from agent._agent import Agent
-from agent._config import Config, ConfigError, load_config
+from agent._cli_progress import Progress
+from agent._cli_sink import add_sink_arguments, sink_config
+from agent._config import Config, ConfigError
 from agent._logging import configure_logging
 from agent._store import MemoryStore
 from agent._workload import Workload
 from replay import Assembler, InconsistentLog
-from sinks import MemorySink, Sink
+from sinks import Sink
 from sinks.codec import encode_value
 
 __all__ = ["register"]
@@ -35,14 +36,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--batches", type=int, default=2000,
                         help="write batches per writer (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--log", metavar="URI", default=None,
-                        help="where the log goes: file:///dir or s3://bucket/prefix (a wal3 "
-                             "log), or memory:// (default: a wal3 log in a new temporary "
-                             "folder, kept for `cdc-agent log scrub`)")
-    parser.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// logs")
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help="take the agent options and the sink from a configuration file "
-                             "(see config/); --log is ignored then")
+    add_sink_arguments(parser)
     parser.add_argument("--postgres", metavar="DSN", default=None,
                         help="run the writers against PostgreSQL and replicate into "
                              "<dbname>_replica instead")
@@ -59,33 +53,45 @@ class Destination:
     read_back: Callable[[], Iterable[Any]]
 
 
-def open_destination(uri: str | None, endpoint_url: str | None) -> Destination:
-    if uri is not None and uri.startswith("memory:"):
-        sink = MemorySink()
-        return Destination("memory://", sink, lambda: sink.records)
-    if uri is None:
-        uri = "file://" + tempfile.mkdtemp(prefix="cdc-demo-log-")
-    if not uri.startswith(("file://", "s3://")):
-        raise SystemExit(f"cdc-agent demo: unsupported --log URI {uri!r} "
-                         "(use file:///dir, s3://bucket/prefix or memory://)")
-    from sinks.wal3 import open_log_sink, read_log
-
-    log_uri = uri
-    wal3 = open_log_sink(log_uri, endpoint_url=endpoint_url)
-    return Destination(log_uri, wal3, lambda: read_log(log_uri, endpoint_url=endpoint_url))
-
-
-def destination_from_config(config: Config) -> Destination:
+def open_destination(config: Config) -> Destination:
+    """The configured sink, refusing a wal3 log that already holds records (the demo's
+    check compares the whole log with what this run captured)."""
     kind = config.sink["kind"]
     if kind == "memory":
         sink = config.open_sink()
-        return Destination("memory://", sink, lambda: sink.records)  # type: ignore[attr-defined]
-    if kind == "wal3":
-        return open_destination(config.sink.get("uri"), config.sink.get("endpoint_url"))
-    if kind != "kafka":
-        config.open_sink()  # raises the ConfigError naming the kinds there are
-    raise ConfigError(f"{config.path}: the demo reads back memory and wal3 logs, not "
-                      f"[sink] kind = {kind!r} (for Kafka, see `cdc-agent tail kafka`)")
+        return Destination(config.describe_sink(), sink,
+                           lambda: sink.records)  # type: ignore[attr-defined]
+    if kind != "wal3":
+        if kind != "kafka":
+            config.open_sink()  # raises the ConfigError naming the kinds there are
+        raise ConfigError(f"the demo reads back memory and wal3 logs, not [sink] kind = "
+                          f"{kind!r} (for Kafka, see `cdc-agent tail kafka`)")
+    if str(config.sink["uri"]).startswith("memory:"):
+        raise ConfigError("use --log memory:// (a memory sink) rather than a wal3 log on "
+                          "memory://, which the demo could not read back after a run")
+    from sinks.wal3 import read_log
+
+    _refuse_non_empty(config)
+    sink = config.open_sink()
+    uri, endpoint_url = config.sink["uri"], config.sink.get("endpoint_url")
+    prefix = config.sink.get("prefix", "")
+    return Destination(config.describe_sink(), sink,
+                       lambda: read_log(uri, prefix=prefix, endpoint_url=endpoint_url))
+
+
+def _refuse_non_empty(config: Config) -> None:
+    from sinks.wal3 import LogReader, Wal3Error
+
+    try:
+        manifest = LogReader(config.sink["uri"], config.sink.get("prefix", ""),
+                             endpoint_url=config.sink.get("endpoint_url")).manifest()
+    except (Wal3Error, ValueError):  # no log there yet (or nothing to read): fine
+        return
+    records = manifest.next_offset - manifest.oldest_offset
+    if records > 0 or manifest.oldest_offset > 1:
+        raise ConfigError(f"{config.describe_sink()} already holds a log ({records:,} records); "
+                          "the demo verifies the whole log against one run, so give --log "
+                          "a new location (or remove that log first)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,34 +105,33 @@ def run(args: argparse.Namespace) -> int:
         status: int = run_postgres_demo(args.postgres, threads=args.threads,
                                         batches=args.batches, seed=args.seed)
         return status
-    agent_options: dict[str, Any] = {}
-    if args.config:
-        try:
-            config = load_config(args.config)
-            destination = destination_from_config(config)
-        except ConfigError as exc:
-            print(f"cdc-agent demo: {exc}", file=sys.stderr)
-            return 2
-        agent_options = config.agent
-    else:
-        destination = open_destination(args.log, args.endpoint_url)
+    config = sink_config(args, "demo")
+    destination = open_destination(config)
     store = MemoryStore()
     captured: dict[tuple[int, int], dict[Any, bytes]] = {}
 
     def capture(marker: Any) -> None:
         captured[(marker.domain_id, marker.epoch_seq)] = _bits(store.snapshot())
 
-    agent = Agent(store, destination.sink, on_quiescence=capture, **agent_options)
+    agent = Agent(store, destination.sink, on_quiescence=capture, **config.agent)
     print(f"cdc-agent demo: {args.threads} writers x {args.batches} batches, "
           f"log at {destination.uri}", file=sys.stderr)
     started = time.perf_counter()
-    Workload(threads=args.threads, batches=args.batches, seed=args.seed).run(agent)
-    agent.close()
+    total = args.threads * args.batches
+    with Progress("writing", lambda: f"{agent.stats['batches']:,} of about {total:,} "
+                                      "write batches"):
+        Workload(threads=args.threads, batches=args.batches, seed=args.seed).run(agent)
+        agent.close()
     write_seconds = time.perf_counter() - started
     stats = dict(agent.stats)
 
     started = time.perf_counter()
-    verified, problem = _verify(destination.read_back(), captured, _bits(store.snapshot()))
+    progress = Progress("verifying", lambda: f"{verified_so_far[0]:,} of "
+                                             f"{len(captured):,} snapshots")
+    verified_so_far = [0]
+    with progress:
+        verified, problem = _verify(destination.read_back(), captured, _bits(store.snapshot()),
+                                    verified_so_far)
     replay_seconds = time.perf_counter() - started
     print(f"events            {stats['events']:>12,}")
     print(f"write batches     {stats['batches']:>12,}")
@@ -150,8 +155,9 @@ def _bits(state: dict[Any, Any]) -> dict[Any, bytes]:
 
 
 def _verify(records: Iterable[Any], captured: dict[tuple[int, int], dict[Any, bytes]],
-            final: dict[Any, bytes]) -> tuple[int, str | None]:
-    """Replay ``records``; return (snapshots verified, first problem or None)."""
+            final: dict[Any, bytes], counter: list[int]) -> tuple[int, str | None]:
+    """Replay ``records``; return (snapshots verified, first problem or None);
+    ``counter[0]`` follows the count for progress reports."""
     verified = 0
     last: dict[Any, bytes] | None = None
     try:
@@ -163,6 +169,7 @@ def _verify(records: Iterable[Any], captured: dict[tuple[int, int], dict[Any, by
             if state != expected:
                 return verified, f"snapshot at epoch {snap.epoch_seq} differs from the store's"
             verified += 1
+            counter[0] = verified
             last = state
     except InconsistentLog as exc:
         return verified, f"the log is inconsistent: {exc}"

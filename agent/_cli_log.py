@@ -6,9 +6,9 @@
   cancel-out check at every quiescence point).
 - ``gc``: run (or resume) a three-phase garbage collection below the lowest cursor.
 
-URIs: ``file:///dir``, ``s3://bucket/prefix`` (with ``--endpoint-url`` for S3-compatible
-servers). Progress goes to stderr; the exit status is 1 when a problem is found, 2 when
-the log cannot be opened.
+URIs: a folder (``file:///dir`` or a plain path), ``s3://bucket/prefix`` (with
+``--endpoint-url`` for S3-compatible servers). Progress goes to stderr; the exit status
+is 1 when a problem is found, 2 when the log cannot be opened.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import time
 from collections import Counter
 from typing import Any
 
+from agent._cli_progress import Progress
+from agent._config import uri_from_path
 from agent._logging import configure_logging
+from sinks._redact import redact
 
 __all__ = ["register"]
 
@@ -38,7 +41,8 @@ def register(subparsers: Any) -> None:
         ("gc", _gc, "garbage-collect below the lowest cursor"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("uri", metavar="URI", help="file:///dir or s3://bucket/prefix")
+        sub.add_argument("uri", metavar="URI",
+                         help="the log: a folder (path or file:///dir) or s3://bucket/prefix")
         sub.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// URIs")
         sub.add_argument("--prefix", default="", help="the log's prefix inside the store")
         sub.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
@@ -54,11 +58,13 @@ def _open(args: argparse.Namespace) -> Any:
     from sinks.wal3 import LogReader
 
     configure_logging(args.verbose)
+    args.uri = uri_from_path(args.uri)  # a plain path means that folder
     return LogReader(args.uri, args.prefix, endpoint_url=args.endpoint_url)
 
 
 def _fail_open(args: argparse.Namespace, exc: Exception) -> int:
-    print(f"cdc-agent log {args.log_command}: cannot open {args.uri}: {exc}", file=sys.stderr)
+    print(redact(f"cdc-agent log {args.log_command}: cannot open {args.uri}: {exc}"),
+          file=sys.stderr)
     return 2
 
 
@@ -145,17 +151,14 @@ def _verify(args: argparse.Namespace) -> int:
     if report is None or status:
         return status
     print("replaying through the Assembler", file=sys.stderr)
-    started = time.perf_counter()
     changesets = events = 0
     assembler = Assembler()
     try:
-        for changeset in assembler.changesets(
-                read_log(args.uri, prefix=args.prefix, endpoint_url=args.endpoint_url)):
-            changesets += 1
-            events += changeset.event_count
-            if changesets % 1000 == 0:
-                print(f"  ... {changesets:,} changesets ({time.perf_counter() - started:.1f} s)",
-                      file=sys.stderr)
+        with Progress("replaying", lambda: f"{changesets:,} changesets, {events:,} events"):
+            for changeset in assembler.changesets(
+                    read_log(args.uri, prefix=args.prefix, endpoint_url=args.endpoint_url)):
+                changesets += 1
+                events += changeset.event_count
     except (InconsistentLog, CodecError, Wal3Error) as exc:
         print(f"PROBLEM: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -174,10 +177,10 @@ def _gc(args: argparse.Namespace) -> int:
         reader = _open(args)
         report = GarbageCollector(reader.store).collect(keep_at_least=args.keep_at_least)
     except (Wal3Error, ValueError) as exc:
-        print(f"cdc-agent log gc: {exc}", file=sys.stderr)
+        print(redact(f"cdc-agent log gc: {exc}"), file=sys.stderr)
         return 1
     if report.garbage is None:
-        print(f"nothing to collect (cutoff {report.cutoff})")
+        print(f"nothing to collect: {_why_nothing(reader, report.cutoff)}")
         return 0
     garbage = report.garbage
     print(f"cutoff            {report.cutoff}")
@@ -190,3 +193,15 @@ def _gc(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _why_nothing(reader: Any, cutoff: int | None) -> str:
+    """Why a collection found nothing: no cutoff, or nothing wholly below it."""
+    if cutoff is None:
+        return ("the log has no cursor, so no record is known to be read by everyone; "
+                "once every reader has passed an offset, collect below it with "
+                "--keep-at-least OFFSET (or give the readers cursors)")
+    oldest = reader.manifest().oldest_offset
+    return (f"the cutoff is offset {cutoff} (the lowest cursor, or --keep-at-least) and no "
+            f"whole fragment lies below it (the log starts at {oldest}); collection frees "
+            "whole fragments only, so wait until the readers move on")

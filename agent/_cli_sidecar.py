@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
-import tempfile
+import logging
 from typing import Any
 
-from agent._config import ConfigError, load_config
-from agent._logging import configure_logging
-from sinks import MemorySink, Sink
+from agent._cli_sink import add_sink_arguments, not_durable_reason, sink_config
+from agent._logging import configure_logging, say
 
 __all__ = ["register"]
 
@@ -27,14 +25,7 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--socket", metavar="PATH", required=True,
                         help="the Unix socket to listen on (a stale one is replaced)")
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help="take the agent options and the sink from a configuration file "
-                             "(see config/); --log is ignored then")
-    parser.add_argument("--log", metavar="URI", default=None,
-                        help="where the log goes: file:///dir or s3://bucket/prefix (a wal3 "
-                             "log), or memory:// (default: a wal3 log in a new temporary "
-                             "folder)")
-    parser.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// logs")
+    add_sink_arguments(parser)
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="on shutdown, how long open batches may take to close before "
                              "the sidecar closes them (default 5)")
@@ -48,7 +39,7 @@ def register(subparsers: Any) -> None:
                         help="the address the metrics server listens on (default "
                              "127.0.0.1: this host only; 0.0.0.0 for every interface)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, log_json_lines=True)
 
 
 def _octal_mode(text: str) -> int:
@@ -62,41 +53,21 @@ def _octal_mode(text: str) -> int:
     return mode
 
 
-def _sink_from_uri(uri: str | None, endpoint_url: str | None) -> tuple[str, Sink]:
-    if uri is not None and uri.startswith("memory:"):
-        return "memory://", MemorySink()
-    if uri is None:
-        uri = "file://" + tempfile.mkdtemp(prefix="cdc-sidecar-log-")
-    if not uri.startswith(("file://", "s3://")):
-        raise ConfigError(f"unsupported --log URI {uri!r} (use file:///dir, "
-                          "s3://bucket/prefix or memory://)")
-    from sinks.wal3 import open_log_sink
-
-    return uri, open_log_sink(uri, endpoint_url=endpoint_url)
-
-
 def run(args: argparse.Namespace) -> int:
     from agent.sidecar import Sidecar
     from agent.sidecar._server import SOCKET_MODE
 
     configure_logging(args.verbose)
     if args.grace < 0:
-        print("cdc-agent sidecar: --grace must not be negative", file=sys.stderr)
+        say("cdc.sidecar_usage", "cdc-agent sidecar: --grace must not be negative",
+            level=logging.ERROR)
         return 2
-    options: dict[str, Any] = {}
-    try:
-        if args.config:
-            config = load_config(args.config)
-            destination, sink = str(config.sink.get("uri", config.sink["kind"])), \
-                config.open_sink()
-            options = dict(config.agent)
-        else:
-            destination, sink = _sink_from_uri(args.log, args.endpoint_url)
-    except ConfigError as exc:
-        print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
-        return 2
+    config = sink_config(args, "sidecar")  # errors: one line and exit 2 (agent/cli.py)
+    destination, not_durable = config.describe_sink(), not_durable_reason(config)
+    options: dict[str, Any] = dict(config.agent)
     metrics_server = None
     if args.metrics_port is not None:
+        # Before the sink opens: a metrics problem leaves nothing to close.
         try:
             from agent._metrics import CaptureMetrics, serve_metrics
 
@@ -104,24 +75,26 @@ def run(args: argparse.Namespace) -> int:
             metrics_server = serve_metrics(options["metrics"], args.metrics_port,
                                            args.metrics_address)
         except ImportError as exc:
-            sink.close()
-            print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
+            say("cdc.sidecar_failed", f"cdc-agent sidecar: {exc}", level=logging.ERROR)
             return 2
         except OSError as exc:
-            sink.close()
-            print(f"cdc-agent sidecar: cannot serve metrics on {args.metrics_address}:"
-                  f"{args.metrics_port}: {exc.strerror or exc}; choose another "
-                  "--metrics-port or --metrics-address", file=sys.stderr)
+            say("cdc.sidecar_failed", f"cdc-agent sidecar: cannot serve metrics on "
+                f"{args.metrics_address}:{args.metrics_port}: {exc.strerror or exc}; choose "
+                "another --metrics-port or --metrics-address", level=logging.ERROR)
             return 2
-    sidecar = Sidecar(sink, grace_period=args.grace, **options)
-
-    def started() -> None:
-        where = ("" if metrics_server is None else
-                 f", metrics at http://{metrics_server.address}:{metrics_server.port}/metrics")
-        print(f"cdc-agent sidecar: listening on {args.socket}, log at {destination}{where}",
-              file=sys.stderr, flush=True)
-
     try:
+        sidecar = Sidecar(config.open_sink(), grace_period=args.grace, **options)
+
+        def started() -> None:
+            where = ("" if metrics_server is None else f", metrics at http://"
+                     f"{metrics_server.address}:{metrics_server.port}/metrics")
+            say("cdc.sidecar_ready", f"cdc-agent sidecar: listening on {args.socket}, log at "
+                f"{destination}{where}", socket=args.socket, log=destination)
+            if not_durable:
+                say("cdc.sidecar_log_not_durable", f"cdc-agent sidecar: WARNING: "
+                    f"{not_durable}; give --log or [sink] a lasting place "
+                    "(docs/configuration.md)", level=logging.WARNING, log=destination)
+
         return _serve(args, sidecar, started, SOCKET_MODE)
     finally:
         if metrics_server is not None:
@@ -139,11 +112,12 @@ def _serve(args: argparse.Namespace, sidecar: Any, started: Any, default_mode: i
                                                else args.socket_mode)))
     except SidecarSocketError as exc:
         sidecar.close()
-        print(f"cdc-agent sidecar: {exc}", file=sys.stderr)
+        say("cdc.sidecar_failed", f"cdc-agent sidecar: {exc}", level=logging.ERROR)
         return 2
     except (ShippingFailed, QuiescenceTimeout, TimeoutError) as exc:
-        print(f"cdc-agent sidecar: the log is incomplete: {exc}", file=sys.stderr)
+        say("cdc.sidecar_log_incomplete", f"cdc-agent sidecar: the log is incomplete: {exc}",
+            level=logging.ERROR)
         return 1
-    print(f"cdc-agent sidecar: stopped after {sidecar.stats['batches']} batches, "
-          f"{sidecar.stats['events']} events", file=sys.stderr)
+    say("cdc.sidecar_exited", f"cdc-agent sidecar: stopped after {sidecar.stats['batches']} "
+        f"batches, {sidecar.stats['events']} events", **sidecar.stats)
     return 0

@@ -1,4 +1,4 @@
-"""``cdc-agent tail kafka``: print changesets of a Kafka topic as they become consistent.
+"""``cdc-agent tail kafka|wal3``: print changesets of a log as they become consistent.
 
 One JSON object per line and per quiescence point:
 
@@ -7,7 +7,10 @@ One JSON object per line and per quiescence point:
 
 Values use the Debezium encoding's JSON mapping (docs/kafka.md): ``null`` is a stored
 null; a change has no ``before`` when the cell was created and no ``after`` when it was
-removed. Offsets are committed for ``--group`` at each quiescence point.
+removed. Kafka: offsets are committed for ``--group`` at each quiescence point. wal3:
+the log is polled for new records; after a restart, ``--position`` with the last line's
+``position`` prints only what follows it (the log is replayed from its start to rebuild
+the state, quietly).
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from agent._logging import configure_logging
+from sinks._redact import redact
 
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    """Add ``tail kafka`` to the ``cdc-agent`` parser."""
+    """Add ``tail kafka`` and ``tail wal3`` to the ``cdc-agent`` parser."""
     tail = subparsers.add_parser("tail", help="follow a log and print consistent changesets")
     sources = tail.add_subparsers(dest="source", metavar="SOURCE", required=True)
     kafka = sources.add_parser(
@@ -48,6 +54,22 @@ def register(subparsers: Any) -> None:
                        help="fail if no broker answers within this time (default 15)")
     kafka.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     kafka.set_defaults(run=run_kafka)
+    wal3 = sources.add_parser(
+        "wal3", help="follow a wal3 log (a folder or s3://bucket/prefix)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    wal3.add_argument("uri", metavar="URI",
+                      help="the log: a folder (path or file:///dir) or s3://bucket/prefix")
+    wal3.add_argument("--endpoint-url", default=None, metavar="URL",
+                      help="S3 endpoint for s3:// logs")
+    wal3.add_argument("--prefix", default="", help="the log's prefix inside the store")
+    wal3.add_argument("--position", default=None, metavar="TOKEN",
+                      help="resume after this position token (the last printed line's)")
+    wal3.add_argument("--until-end", action="store_true",
+                      help="stop at the end of the log instead of waiting for more")
+    wal3.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                      help="how often to look for new records (default 1)")
+    wal3.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    wal3.set_defaults(run=run_wal3)
 
 
 def run_kafka(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -58,6 +80,7 @@ def run_kafka(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     configure_logging(args.verbose)
     out = out or sys.stdout
+    printed = 0
     try:
         for changeset in consume_consistent(
                 args.bootstrap, args.topic, group_id=args.group, position=args.position,
@@ -65,12 +88,79 @@ def run_kafka(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 commit_every=args.commit_every, startup_timeout=args.startup_timeout):
             out.write(json.dumps(changeset_json(changeset), ensure_ascii=False) + "\n")
             out.flush()
+            printed += 1
     except (InconsistentLog, SinkError, ValueError) as exc:
-        print(f"cdc-agent tail kafka: {exc}", file=sys.stderr)
-        return 1
+        print(redact(f"cdc-agent tail kafka: {exc}"), file=sys.stderr)
+        # Could not start (no broker, no topic, bad option): 2, like every command;
+        # a log that turned out inconsistent or failed midway: 1.
+        return 1 if printed or isinstance(exc, InconsistentLog) else 2
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def run_wal3(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Follow the log, printing each changeset; exit 1 naming the problem on an
+    inconsistent or damaged log."""
+    from agent._config import uri_from_path
+    from replay import Assembler, Frontier, InconsistentLog
+    from sinks.codec import CodecError
+    from sinks.wal3 import Wal3Error
+
+    configure_logging(args.verbose)
+    if args.poll <= 0:
+        print("cdc-agent tail wal3: --poll must be positive", file=sys.stderr)
+        return 2
+    out = out or sys.stdout
+    uri = uri_from_path(args.uri)
+    polls = wal3_polls(uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
+                       follow=not args.until_end, poll=args.poll)
+    assembler = Assembler()
+    # A position stands for a state this process does not have: replay from the log's
+    # start (rebuilding it) and print only what comes after the position.
+    applied = Frontier.parse(args.position) if args.position else Frontier.of([])
+    try:
+        for records in polls:  # each look ends with everything consistent so far printed
+            for changeset in assembler.changesets(records):
+                done = applied.get(changeset.domain_id)
+                if done is not None and changeset.epoch_seq <= done.epoch_seq:
+                    continue
+                out.write(json.dumps(changeset_json(changeset), ensure_ascii=False) + "\n")
+                out.flush()
+    except (InconsistentLog, CodecError, Wal3Error) as exc:
+        print(redact(f"cdc-agent tail wal3: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        return 1
+    return 0
+
+
+def wal3_polls(uri: str, *, prefix: str = "", endpoint_url: str | None = None,
+               follow: bool = True, poll: float = 1.0) -> Iterator[Iterator[Any]]:
+    """One iterator of decoded records per look at the log: first the whole log, then
+    (with ``follow``) what was appended since the last look, every ``poll`` seconds.
+    Each record comes once: a look starts where the previous manifest ended."""
+    from sinks.wal3 import LogReader
+
+    reader = LogReader(uri, prefix, endpoint_url=endpoint_url)
+    begin: int | None = None
+    while True:
+        manifest = reader.manifest()
+        if begin is None:
+            begin = manifest.oldest_offset
+        if manifest.next_offset > begin:
+            yield _records(reader, manifest, begin)
+            begin = manifest.next_offset
+        if not follow:
+            return
+        time.sleep(poll)
+
+
+def _records(reader: Any, manifest: Any, begin: int) -> Iterator[Any]:
+    from sinks.codec import decode
+
+    for fragment in reader.scan(begin, manifest=manifest):
+        for record in reader.fetch(fragment):
+            if record.offset >= begin:
+                yield decode(record.body)
 
 
 def changeset_json(changeset: Any) -> dict[str, Any]:

@@ -70,6 +70,10 @@ class CaptureMetrics:
             "cdc_sink_call_seconds", "Time a sink call took (write_events, write_epoch, "
             "flush), retries included", ["call"], buckets=_LATENCY_BUCKETS,
             registry=self.registry)
+        # Children looked up once: the shipping thread observes without a label lookup.
+        self._sink_observers: dict[str, Callable[[float], None]] = {
+            call: self.sink_seconds.labels(call).observe
+            for call in ("write_events", "write_epoch", "flush")}
         self.sink_errors = client.Counter(
             "cdc_sink_errors", "Sink calls that raised: retried (the sink was behind) or "
             "fatal (shipping stopped)", ["kind"], registry=self.registry)
@@ -82,6 +86,15 @@ class CaptureMetrics:
         self.snapshot_done = client.Gauge(
             "cdc_snapshot_done", "1 once a table's initial snapshot is complete", ["table"],
             registry=self.registry)
+        self.snapshot_cells = client.Counter(
+            "cdc_snapshot_cells", "Cells recorded by snapshots (Agent.snapshot baselines)",
+            registry=self.registry)
+        self.snapshot_chunks = client.Counter(
+            "cdc_snapshot_chunks", "Chunks recorded by snapshots (Agent.snapshot baselines)",
+            registry=self.registry)
+        self.snapshot_running = client.Gauge(
+            "cdc_snapshot_running", "1 while an Agent.snapshot baseline is being taken",
+            registry=self.registry)
         self.registry.register(_Collector(self))
 
     # -- hooks -----------------------------------------------------------------------------
@@ -92,7 +105,10 @@ class CaptureMetrics:
             self._agents.add(agent)
 
     def observe_sink_call(self, call: str, seconds: float) -> None:
-        self.sink_seconds.labels(call).observe(seconds)
+        observe = self._sink_observers.get(call)
+        if observe is None:
+            observe = self._sink_observers[call] = self.sink_seconds.labels(call).observe
+        observe(seconds)
 
     def count_sink_error(self, kind: str) -> None:
         self.sink_errors.labels(kind).inc()
@@ -106,6 +122,12 @@ class CaptureMetrics:
             self.snapshot_rows_expected.labels(table).set(expected)
         if done:
             self.snapshot_done.labels(table).set(1)
+
+    def baseline_chunk(self, cells: int, *, finished: bool) -> None:
+        """``Agent.snapshot`` recorded one more chunk of ``cells`` cells."""
+        self.snapshot_chunks.inc()
+        self.snapshot_cells.inc(cells)
+        self.snapshot_running.set(0 if finished else 1)
 
     def watch_consumer_lag(self, consumer: str, lag: Callable[[], int]) -> None:
         """Report ``lag()`` (positions behind the log's end) as

@@ -105,6 +105,7 @@ class Shipper:
         # the loop: new batches are held back at open instead).
         self.put_wait = backpressure_timeout
         self._stopping = False  # stop() asked: a sink that is behind is not retried
+        self.behind_since: float | None = None  # monotonic time the sink began refusing
         self.sink_retries = 0
         self._sink = sink
         # A deque handed over under the GIL, not a queue.Queue: its lock convoys
@@ -205,6 +206,10 @@ class Shipper:
 
     def pending(self) -> int:
         return len(self._items)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -344,11 +349,13 @@ class Shipper:
                     metrics.count_sink_error("retried")
                 if not behind_since:
                     behind_since = time.monotonic()
+                    self.behind_since = behind_since
                     log.warning("cdc.sink_behind", error=repr(exc), queued=len(self._items))
                 time.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_DELAY)
                 continue
             if behind_since:
+                self.behind_since = None
                 log.info("cdc.sink_caught_up", waited=round(time.monotonic() - behind_since, 3))
             if metrics is not None:
                 metrics.observe_sink_call(name, time.perf_counter() - started)

@@ -128,8 +128,9 @@ def bench_assembler(events: int, batch_size: int, writers: int) -> None:
         return total
 
     rate = best_of(3, assemble)
+    goal = "1,000,000" if batch_size > 1 else "500,000"
     print(f"assembler: {n_events:,} events, batches of {batch_size}, {writers} writers: "
-          f"{rate:,.0f} events/s on one core (goal >= 1,000,000)")
+          f"{rate:,.0f} events/s on one core (goal >= {goal})")
     report("  assembler vs reading the values column once", rate,
            "read", best_of(3, decode_only), "events/s", "information only")
 
@@ -137,7 +138,12 @@ def bench_assembler(events: int, batch_size: int, writers: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--assembler-only", action="store_true")
     args = parser.parse_args()
+    if args.assembler_only:
+        bench_assembler(args.events, 20, 4)
+        bench_assembler(args.events // 8, 1, 1)
+        return
     bench_ids(300_000)
     for threads in (1, 4):
         bench_capture(threads, 100_000 // threads, 100)

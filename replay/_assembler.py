@@ -20,9 +20,9 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Final
 
 import numpy as np
@@ -30,11 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay._baseline import Baselines
-from replay._bulk import BrokenChain, cancel_out
+from replay._bulk import BrokenChain, NetChanges, cancel_out, net_changes
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks import EventBatch, Setsum
+from sinks._setsum import SETSUM_PRIMES
 from sinks.codec import (
     EVENT_SCHEMA,
     SnapshotChunk,
@@ -42,6 +43,7 @@ from sinks.codec import (
     decode_value,
     encode_key,
     encode_value,
+    segment_digest_array,
     segment_digests,
 )
 
@@ -64,32 +66,95 @@ def _decode_cell(key: bytes) -> Cell:
     return (table.decode(), decode_key(row), column.decode())
 
 
-@dataclass(frozen=True)
 class Changeset:
     """What one quiescent interval changed: apply it and the state is a real one.
 
     ``changes`` maps each changed cell to its new value (``ABSENT``: removed);
     ``before`` maps the same cells to the value they had. ``position`` is the token
-    to store with the applied state. Cells are decoded on first access.
+    to store with the applied state. Read-only; cells are decoded on first access (a
+    run of intervals verified together shares one flat store of encoded cells).
     """
 
-    domain_id: int
-    epoch_seq: int
-    event_count: int
-    position: Position
-    _changes: dict[bytes, bytes] = field(repr=False)
-    _before: dict[bytes, bytes] = field(repr=False)
+    __slots__ = ("_decoded", "_domain_id", "_epoch_seq", "_event_count", "_index", "_net",
+                 "_position")
 
-    @cached_property
+    def __init__(self, domain_id: int, epoch_seq: int, event_count: int,
+                 position: Position | _RunPositions, net: NetChanges, index: int) -> None:
+        self._domain_id = domain_id
+        self._epoch_seq = epoch_seq
+        self._event_count = event_count
+        self._position = position
+        self._net = net
+        self._index = index
+        self._decoded: tuple[dict[Cell, Value | Absent], dict[Cell, Value | Absent]] | None = (
+            None)
+
+    @property
+    def domain_id(self) -> int:
+        return self._domain_id
+
+    @property
+    def epoch_seq(self) -> int:
+        """The quiescence point this changeset ends at."""
+        return self._epoch_seq
+
+    @property
+    def event_count(self) -> int:
+        """How many events (duplicates dropped) the interval held."""
+        return self._event_count
+
+    @property
+    def position(self) -> Position:
+        position = self._position
+        if not isinstance(position, Position):
+            position = self._position = position.at(self._index, self._epoch_seq)
+        return position
+
+    def _end_id(self) -> int:
+        """The position's end id, without building the position."""
+        position = self._position
+        if isinstance(position, Position):
+            return position.end_id
+        return position.end_ids[self._index]
+
+    def _slice(self, column: list[bytes]) -> list[bytes]:
+        bounds = self._net.bounds
+        return column[bounds[self._index]:bounds[self._index + 1]]
+
+    @property
+    def _changes(self) -> dict[bytes, bytes]:
+        """Encoded cell -> encoded final value (``b""``: ABSENT)."""
+        return dict(zip(self._slice(self._net.keys), self._slice(self._net.finals), strict=True))
+
+    @property
+    def _before(self) -> dict[bytes, bytes]:
+        return dict(zip(self._slice(self._net.keys), self._slice(self._net.initials),
+                        strict=True))
+
+    def _decode(self) -> tuple[dict[Cell, Value | Absent], dict[Cell, Value | Absent]]:
+        if self._decoded is None:
+            cells = [_decode_cell(k) for k in self._slice(self._net.keys)]
+            self._decoded = (
+                dict(zip(cells, map(decode_value, self._slice(self._net.finals)), strict=True)),
+                dict(zip(cells, map(decode_value, self._slice(self._net.initials)), strict=True)))
+        return self._decoded
+
+    @property
     def changes(self) -> dict[Cell, Value | Absent]:
-        return {_decode_cell(k): decode_value(v) for k, v in self._changes.items()}
+        return self._decode()[0]
 
-    @cached_property
+    @property
     def before(self) -> dict[Cell, Value | Absent]:
-        return {_decode_cell(k): decode_value(v) for k, v in self._before.items()}
+        return self._decode()[1]
 
     def __len__(self) -> int:
-        return len(self._changes)
+        bounds = self._net.bounds
+        return bounds[self._index + 1] - bounds[self._index]
+
+    def __repr__(self) -> str:
+        return (f"Changeset(domain_id={self.domain_id}, epoch_seq={self.epoch_seq}, "
+                f"event_count={self.event_count}, cells={len(self)}, "
+                f"position={self.position})")
 
 
 @dataclass(frozen=True)
@@ -219,16 +284,15 @@ class Assembler:
         source = iter(records)
         while True:
             try:
-                self.feed(next(source), defer=True)
-            except StopIteration:
-                break
+                finished = self._take(source)
             except Exception:
                 # The source (a damaged fragment, a lost connection) or a record failed:
                 # hand out every interval verified before it first, then raise its error.
                 yield from self._drain_then_raise()
                 raise
-            if self._pending_events >= _BULK_EVENTS:
-                yield from self._drain_then_raise()
+            if finished:
+                break
+            yield from self._drain_then_raise()
         yield from self._drain_then_raise()
         self.check_gaps()
 
@@ -287,6 +351,32 @@ class Assembler:
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
 
+    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
+              ) -> bool:
+        """Store records from ``source`` until _BULK_EVENTS events wait (False) or it
+        ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed."""
+        domains = self._domains
+        epoch_type, batch_type = EpochRecord, EventBatch
+        for record in source:
+            kind = type(record)
+            if kind is epoch_type:
+                domain = domains.get(record.domain_id)  # type: ignore[union-attr]
+                if domain is None:
+                    domain = self._domain(record.domain_id)  # type: ignore[union-attr]
+                seq = record.epoch_seq  # type: ignore[union-attr]
+                if seq > domain.applied_seq:
+                    known = domain.epochs.setdefault(seq, record)  # type: ignore[arg-type]
+                    if known is not record and known != record:
+                        self._store_epoch(record)  # type: ignore[arg-type]  # raises
+            elif kind is batch_type:
+                self._feed_events(record.data)  # type: ignore[union-attr]
+                self._pending_events += record.data.num_rows  # type: ignore[union-attr]
+                if self._pending_events >= _BULK_EVENTS:
+                    return False
+            else:
+                self.feed(record, defer=True)
+        return True
+
     def _store_epoch(self, record: EpochRecord) -> bool:
         """Keep ``record`` if new; False for a copy of one already held or applied."""
         domain = self._domain(record.domain_id)
@@ -306,13 +396,11 @@ class Assembler:
         if self._baselines.wants(domain.domain_id):
             return self._baselines.drain(self, domain)
         done: list[Changeset] = []
-        if bulk:
-            run = self._complete_run(domain)
-            if sum(r.quiescent for r in run) > 1:
-                done = self._advance_run(domain, run)
-                if done:
-                    return done
         try:
+            if bulk:
+                run = self._complete_run(domain)
+                if run:
+                    done = self._advance_run(domain, run)
             while (changeset := self._advance(domain)) is not None:
                 done.append(changeset)
         except InconsistentLog as exc:
@@ -323,7 +411,7 @@ class Assembler:
             self._failure = exc  # raised by the next call, after the good changesets
         return done
 
-    # -- one quiescent interval -------------------------------------------------------------
+    # -- one quiescent interval (the reference path) -----------------------------------------
 
     def _advance(self, domain: _Domain) -> Changeset | None:
         """Apply the next quiescent interval of ``domain`` if all its epochs are here."""
@@ -337,7 +425,9 @@ class Assembler:
         else:
             return None
         self._check_tiling(domain, epochs)
-        data, rest = self._take_interval(domain, epochs)
+        data, rest, late, conflict = self._take_interval(domain, epochs[-1].end_id)
+        if conflict is not None:
+            raise _identity_conflict(domain, data, conflict)
         changes, before = self._verify(domain, epochs, data)
         # Verified: apply, then move the position. Nothing above touched the state.
         state = self._state
@@ -346,63 +436,107 @@ class Assembler:
                 state[key] = final
             else:
                 state.pop(key, None)
+        self.late_duplicates += late
         domain.chunks = rest
         for record in epochs:
             del domain.epochs[record.epoch_seq]
         last = epochs[-1]
         domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
+        keys = list(changes)
+        net = NetChanges(keys, list(changes.values()), [before[k] for k in keys],
+                         [0, len(keys)], [data.num_rows])
         return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
-                         changes, before)
+                         net, 0)
+
+    # -- a run of intervals in one pass (the fast path) ------------------------------------
 
     def _complete_run(self, domain: _Domain) -> list[EpochRecord]:
         """The consecutive epochs held after the applied point, up to the last quiescent."""
-        run: list[EpochRecord] = []
-        seq = domain.applied_seq + 1
-        while (record := domain.epochs.get(seq)) is not None:
-            run.append(record)
-            seq += 1
+        epochs = domain.epochs
+        first = domain.applied_seq + 1
+        seqs = list(epochs)
+        if seqs == list(range(first, first + len(seqs))):  # all held, stored in order
+            run = list(epochs.values())
+        else:
+            run = []
+            seq = first
+            while (record := epochs.get(seq)) is not None:
+                run.append(record)
+                seq += 1
         while run and not run[-1].quiescent:
             run.pop()
         return run
 
     def _advance_run(self, domain: _Domain, epochs: list[EpochRecord]) -> list[Changeset]:
-        """Verify and apply several intervals in one pass; [] to fall back to one by one."""
-        try:
-            self._check_tiling(domain, epochs)
-            data, rest = self._take_interval(domain, epochs)
-            base = np.uint64(domain.applied_end)
-            ends = np.array([(r.end_id - domain.applied_end) % (1 << 64) for r in epochs],
-                            dtype=np.uint64)
-            rel = data.column("batch_id").to_numpy() - base
-            epoch_index = np.searchsorted(ends, rel, side="right")
-            _check_counts(domain, epochs, data, epoch_index)
-            _check_setsums(domain, epochs, data, ends, base)
-        except InconsistentLog:
-            return []
-        quiescent = np.array([r.quiescent for r in epochs])
+        """Verify and apply the intervals of ``epochs`` in one vectorised pass.
+
+        If one is at fault, the intervals before it are verified again without it and
+        applied; the one at fault is left for ``_advance``, which names the fault exactly
+        as the one-interval path does.
+        """
+        while epochs:
+            outcome = self._try_run(domain, epochs)
+            if not isinstance(outcome, int):
+                return outcome
+            cut = outcome  # the first epoch at fault: drop its interval and what follows
+            while cut > 0 and not epochs[cut - 1].quiescent:
+                cut -= 1
+            epochs = epochs[:cut]
+        return []
+
+    def _try_run(self, domain: _Domain, epochs: list[EpochRecord]) -> list[Changeset] | int:
+        """The changesets of the run, applied; or the index of the first epoch at fault
+        (nothing applied)."""
+        n_epochs = len(epochs)
+        begins, ends_list, counts, quiet, table_counts, setsums = (
+            list(column) for column in zip(*map(_EPOCH_FIELDS, epochs), strict=True))
+        if begins[0] != domain.applied_end or begins[1:] != ends_list[:-1]:
+            expected = [domain.applied_end, *ends_list[:-1]]
+            return next(i for i, (b, e) in enumerate(zip(begins, expected, strict=True))
+                        if b != e)
+        data, rest, late, conflict = self._take_interval(domain, ends_list[-1])
+        base = np.uint64(domain.applied_end)
+        ends = np.array(ends_list, dtype=np.uint64) - base
+        rel = data.column("batch_id").to_numpy() - base
+        epoch_index = np.searchsorted(ends, rel, side="right")
+        faults = [_first_count_fault(counts, epoch_index),
+                  _first_table_fault(table_counts, counts, data, epoch_index)]
+        if conflict is not None:
+            faults.append(int(epoch_index[conflict]))
+        else:
+            faults.append(_first_setsum_fault(setsums, data, epoch_index))
+        quiescent = np.array(quiet, dtype=bool)
+        markers = np.flatnonzero(quiescent)
         interval_of_epoch = np.concatenate(([0], np.cumsum(quiescent[:-1])))
-        results = cancel_out(self._state, _cell_keys(data), _flat(data.column("old")),
-                             _flat(data.column("new")), interval_of_epoch[epoch_index],
-                             int(quiescent.sum()))
-        if isinstance(results, BrokenChain):
-            return []  # one interval at a time, to hand out the good ones and name the cell
-        # Verified: apply, interval by interval, and hand out the changesets.
+        net: NetChanges | BrokenChain | None = None
+        if conflict is None:
+            net = net_changes(self._state, _cell_keys(data), _flat(data.column("old")),
+                              _flat(data.column("new")), interval_of_epoch[epoch_index],
+                              len(markers))
+            if isinstance(net, BrokenChain):
+                faults.append(int(markers[net.interval - 1]) + 1 if net.interval else 0)
+        found = [f for f in faults if f is not None]
+        if found or not isinstance(net, NetChanges):
+            return min(found)
+        # Verified: apply (each cell's last final), then move the position.
         state = self._state
+        last = dict(zip(net.keys, net.finals, strict=True))
+        state.update(last)
+        for key in [k for k, v in last.items() if not v]:
+            del state[key]
+        self.late_duplicates += late
         domain.chunks = rest
-        markers = [r for r in epochs if r.quiescent]
-        for record in epochs:
-            del domain.epochs[record.epoch_seq]
-        done = []
-        for marker, result in zip(markers, results, strict=True):
-            for key, final in result.changes.items():
-                if final:
-                    state[key] = final
-                else:
-                    state.pop(key, None)
-            done.append(Changeset(domain.domain_id, marker.epoch_seq, result.event_count,
-                                  domain.position(marker.epoch_seq, marker.end_id),
-                                  result.changes, result.before))
-        domain.applied_seq, domain.applied_end = markers[-1].epoch_seq, markers[-1].end_id
+        held = domain.epochs
+        if len(held) == n_epochs:
+            held.clear()
+        else:
+            for record in epochs:
+                del held[record.epoch_seq]
+        positions = _RunPositions(domain.domain_id, tuple(sorted(held)[:_SEEN_WINDOW]),
+                                  [ends_list[i] for i in markers.tolist()])
+        done = [Changeset(domain.domain_id, epochs[i].epoch_seq, count, positions, net, k)
+                for k, (i, count) in enumerate(zip(markers.tolist(), net.counts, strict=True))]
+        domain.applied_seq, domain.applied_end = epochs[-1].epoch_seq, ends_list[-1]
         return done
 
     def _check_tiling(self, domain: _Domain, epochs: list[EpochRecord]) -> None:
@@ -415,21 +549,23 @@ class Assembler:
                     domain_id=domain.domain_id, epoch_seq=record.epoch_seq)
             expected_begin = record.end_id
 
-    def _take_interval(self, domain: _Domain, epochs: list[EpochRecord]
-                       ) -> tuple[pa.Table, list[pa.RecordBatch]]:
-        """Split the domain's pending events: this interval's (deduplicated, sorted by
-        batch and seq), and those of later epochs. Late copies of applied events go."""
+    def _take_interval(self, domain: _Domain, end_id: int
+                       ) -> tuple[pa.Table, list[pa.RecordBatch], int, int | None]:
+        """Split the domain's pending events: those of batches before ``end_id``
+        (deduplicated, sorted by batch and seq), and those of later epochs; count the
+        late copies of applied events (dropped). The last item is the row of an event
+        whose identity another, different event shares (None: no such conflict)."""
         if domain.loose:
             domain.chunks.append(EventBatch.from_events(domain.loose).data)
             domain.loose = []
         table = (pa.Table.from_batches(domain.chunks, schema=EVENT_SCHEMA)
                  if domain.chunks else EVENT_SCHEMA.empty_table())
         base = np.uint64(domain.applied_end)
-        limit = np.uint64((epochs[-1].end_id - domain.applied_end) % (1 << 64))
+        limit = np.uint64((end_id - domain.applied_end) % (1 << 64))
         rel = table.column("batch_id").to_numpy() - base  # modular: uint64 wraps
         inside = rel < limit
         later = (rel >= limit) & (rel < _HALF)
-        self.late_duplicates += int(len(rel) - inside.sum() - later.sum())
+        late = int(len(rel) - inside.sum() - later.sum())
         rest = table.filter(pa.array(later)).to_batches() if later.any() else []
         data = table.filter(pa.array(inside)) if not inside.all() else table
         rel_in = rel[inside]
@@ -438,7 +574,8 @@ class Assembler:
         # A log from one writer is already in (batch, seq) order: skip the sort then.
         if step is None or not ((step > 0) | ((step == 0) & (np.diff(seq) > 0))).all():
             data = data.take(pa.array(np.lexsort((seq, rel_in))))
-        return _drop_duplicates(domain, data), rest
+        data, conflict = _drop_duplicates(data)
+        return data, rest, late, conflict
 
     def _verify(self, domain: _Domain, epochs: list[EpochRecord], data: pa.Table
                 ) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
@@ -487,21 +624,139 @@ def _flat(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _drop_duplicates(domain: _Domain, data: pa.Table) -> pa.Table:
-    """Drop repeated identities from ``data`` (sorted by batch, seq)."""
+def _drop_duplicates(data: pa.Table) -> tuple[pa.Table, int | None]:
+    """Drop repeated identities from ``data`` (sorted by batch, seq). The second item is
+    the row (in the returned table) of an event another, different one repeats."""
     if data.num_rows < 2:
-        return data
+        return data, None
     batch = data.column("batch_id").to_numpy()
     seq = data.column("seq").to_numpy()
     repeat = np.concatenate(([False], (batch[1:] == batch[:-1]) & (seq[1:] == seq[:-1])))
     if not repeat.any():
-        return data
+        return data, None
+    kept = data.filter(pa.array(~repeat))
     for i in np.flatnonzero(repeat).tolist():
         if data.slice(i, 1).to_pylist() != data.slice(i - 1, 1).to_pylist():
-            raise InconsistentLog(
-                f"two different events share the identity (batch {int(batch[i]):#x}, seq "
-                f"{int(seq[i])})", domain_id=domain.domain_id)
-    return data.filter(pa.array(~repeat))
+            return kept, int(np.count_nonzero(~repeat[:i])) - 1
+    return kept, None
+
+
+def _identity_conflict(domain: _Domain, data: pa.Table, row: int) -> InconsistentLog:
+    batch, seq = data.column("batch_id")[row].as_py(), data.column("seq")[row].as_py()
+    return InconsistentLog(
+        f"two different events share the identity (batch {batch:#x}, seq {seq})",
+        domain_id=domain.domain_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _RunPositions:
+    """The positions of a run's changesets, built when asked. The ``seen`` hint names
+    the epochs held beyond the run (those of the run itself are applied with it)."""
+
+    domain_id: int
+    extra: tuple[int, ...]
+    end_ids: list[int]  # per changeset of the run
+
+    def at(self, index: int, seq: int) -> Position:
+        seen = 0
+        for epoch in self.extra:
+            if 0 < epoch - seq <= _SEEN_WINDOW:
+                seen |= 1 << (epoch - seq - 1)
+        return Position(self.domain_id, seq, self.end_ids[index], seen)
+
+
+def _first_count_fault(counts: list[int], epoch_index: np.ndarray) -> int | None:
+    """The first epoch whose event count is not its record's (``counts``)."""
+    n = len(counts)
+    bad = np.flatnonzero(np.bincount(epoch_index, minlength=n)[:n] != np.array(counts))
+    return int(bad[0]) if len(bad) else None
+
+
+def _first_table_fault(table_counts: list[tuple[tuple[str, int], ...]], counts: list[int],
+                       data: pa.Table, epoch_index: np.ndarray) -> int | None:
+    """The first epoch (with events) whose per-table counts are not the record's
+    (``table_counts``, ``counts`` per epoch)."""
+    if not any(table_counts):
+        return None
+    tables = pc.dictionary_encode(_flat(data.column("table")))
+    names = tables.dictionary.to_pylist()
+    if len(names) == 1:  # one table: each record must say (that table, its count)
+        name = names[0]
+        return next((i for i, (t, n) in enumerate(zip(table_counts, counts, strict=True))
+                     if n and t != ((name, n),)), None)
+    code_of = {name: i for i, name in enumerate(names)}
+    width = len(names) + 1
+    exp_epoch: list[int] = []
+    exp_code: list[int] = []
+    exp_count: list[int] = []
+    for i, (pairs_said, count_said) in enumerate(zip(table_counts, counts, strict=True)):
+        if count_said:
+            for name, count in dict(pairs_said).items():
+                exp_epoch.append(i)
+                exp_code.append(code_of.get(name, len(names)))
+                exp_count.append(count)
+    checked = np.array(counts, dtype=bool)
+    combined = epoch_index.astype(np.int64) * width + tables.indices.to_numpy()
+    combined = combined[checked[np.minimum(epoch_index, len(counts) - 1)]]
+    pairs, seen_counts = np.unique(combined, return_counts=True)
+    seen_epoch, seen_code = np.divmod(pairs, width)
+    # Every (epoch, table, count) the log shows must be the record's, and back: a row
+    # found once only (on either side) marks its epoch.
+    epoch_col = np.concatenate((seen_epoch, np.array(exp_epoch, dtype=np.int64)))
+    code_col = np.concatenate((seen_code, np.array(exp_code, dtype=np.int64)))
+    count_col = np.concatenate((seen_counts.astype(np.int64),
+                                np.array(exp_count, dtype=np.int64)))
+    if not len(epoch_col):
+        return None
+    order = np.lexsort((count_col, code_col, epoch_col))
+    e, c, k = epoch_col[order], code_col[order], count_col[order]
+    same_next = np.zeros(len(e), dtype=bool)
+    same_next[:-1] = (e[1:] == e[:-1]) & (c[1:] == c[:-1]) & (k[1:] == k[:-1])
+    paired = same_next.copy()
+    paired[1:] |= same_next[:-1]
+    lone = e[~paired]
+    return int(lone.min()) if len(lone) else None
+
+
+def _first_setsum_fault(setsums: list[str], data: pa.Table, epoch_index: np.ndarray
+                        ) -> int | None:
+    """The first epoch whose events' setsum is not the record's (``setsums``; digests
+    summed per epoch as lanes, modulo the setsum primes, all at once)."""
+    n = len(setsums)
+    if all(setsums):  # the usual case: every record carries its setsum
+        wanted_index, wanted = np.arange(n), setsums
+    else:
+        wanted_index = np.flatnonzero(np.array([bool(h) for h in setsums], dtype=bool))
+        wanted = [setsums[i] for i in wanted_index.tolist()]
+    if not wanted:
+        return None
+    starts, digests = segment_digest_array(data)
+    owner = epoch_index[starts]
+    lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
+    cumulative = np.zeros((len(lanes) + 1, 8), dtype=np.uint64)
+    np.cumsum(lanes, axis=0, out=cumulative[1:])
+    bounds = np.searchsorted(owner, np.arange(n + 1))
+    sums = (cumulative[bounds[1:]] - cumulative[bounds[:-1]]) % _PRIMES
+    index = wanted_index
+    text = "".join(wanted)
+    if len(text) == 64 * len(wanted) and text == text.lower():
+        try:
+            expected = np.frombuffer(bytes.fromhex(text), dtype="<u4").reshape(-1, 8)
+        except ValueError:
+            expected = None
+    else:
+        expected = None
+    if expected is not None:
+        bad = index[(sums[index] != expected).any(axis=1)]
+    else:  # a record's setsum is not canonical hex: compare the texts, as the record says
+        actual = [Setsum(sums[i].tolist()).hexdigest() for i in index.tolist()]
+        bad = index[np.array([a != h for a, h in zip(actual, wanted, strict=True)])]
+    return int(bad[0]) if len(bad) else None
+
+
+_PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
+_EPOCH_FIELDS: Final = operator.attrgetter("begin_id", "end_id", "event_count", "quiescent",
+                                           "table_counts", "setsum")
 
 
 def _check_counts(domain: _Domain, epochs: list[EpochRecord], data: pa.Table,

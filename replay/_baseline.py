@@ -36,6 +36,7 @@ from sinks.codec import decode_key
 
 if TYPE_CHECKING:
     from replay._assembler import Assembler, Changeset, _Domain
+    from replay._position import Position
 
 __all__ = ["Baselines"]
 
@@ -221,11 +222,11 @@ class Baselines:
                     return None
                 raise
         from replay._assembler import (
-            Changeset,
             _cell_keys,
             _check_counts,
             _check_setsums,
             _flat,
+            _identity_conflict,
         )
 
         seq = domain.applied_seq + 1
@@ -238,7 +239,9 @@ class Baselines:
         else:
             return None
         asm._check_tiling(domain, epochs)
-        data, rest = asm._take_interval(domain, epochs)
+        data, rest, late, conflict = asm._take_interval(domain, epochs[-1].end_id)
+        if conflict is not None:
+            raise _identity_conflict(domain, data, conflict)
         base = np.uint64(domain.applied_end)
         ends = np.array([(r.end_id - domain.applied_end) % (1 << 64) for r in epochs],
                         dtype=np.uint64)
@@ -263,29 +266,50 @@ class Baselines:
                 state[key] = final
             else:
                 state.pop(key, None)
+        asm.late_duplicates += late
         domain.chunks = rest
         for record in epochs:
             del domain.epochs[record.epoch_seq]
         last = epochs[-1]
         domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
-        return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
-                         changes, before)
+        return _changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
+                          changes, before)
+
+
+def _changeset(domain_id: int, epoch_seq: int, event_count: int, position: Position,
+               changes: dict[bytes, bytes], before: dict[bytes, bytes]) -> Changeset:
+    """A one-interval changeset from encoded cells (final and initial values)."""
+    from replay._assembler import Changeset
+    from replay._bulk import NetChanges
+
+    keys = list(changes)
+    net = NetChanges(keys, [changes[k] for k in keys], [before[k] for k in keys],
+                     [0, len(keys)], [event_count])
+    return Changeset(domain_id, epoch_seq, event_count, position, net, 0)
+
+
+def _encoded(changeset: Changeset) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """The changeset's cells, encoded: (final values, initial values)."""
+    net, i = changeset._net, changeset._index
+    lo, hi = net.bounds[i], net.bounds[i + 1]
+    keys = net.keys[lo:hi]
+    return (dict(zip(keys, net.finals[lo:hi], strict=True)),
+            dict(zip(keys, net.initials[lo:hi], strict=True)))
 
 
 def _with_carry(changeset: Changeset, track: _Track) -> Changeset:
     """The changeset with the chunk changes made before its interval folded in."""
-    from replay._assembler import Changeset
-
     changes = {k: v for k, (v, _b) in track.carry.items()}
     before = {k: b for k, (_v, b) in track.carry.items()}
-    for key, final in changeset._changes.items():
+    finals, initials = _encoded(changeset)
+    for key, final in finals.items():
         changes[key] = final
-        before.setdefault(key, changeset._before[key])
+        before.setdefault(key, initials[key])
     track.carry = {}
     keep = [k for k in changes if changes[k] != before[k]]
-    return Changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
-                     changeset.position, {k: changes[k] for k in keep},
-                     {k: before[k] for k in keep})
+    return _changeset(changeset.domain_id, changeset.epoch_seq, changeset.event_count,
+                      changeset.position, {k: changes[k] for k in keep},
+                      {k: before[k] for k in keep})
 
 
 def _state_keys_in(state: dict[bytes, bytes], lo: Any, hi: Any) -> list[bytes]:

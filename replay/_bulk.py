@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["BrokenChain", "IntervalResult", "cancel_out"]
+__all__ = ["BrokenChain", "IntervalResult", "NetChanges", "cancel_out", "net_changes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +142,88 @@ def cancel_out(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: pa
 def _broken(group: int, n_cells: int, cells: pa.Array, why: str) -> BrokenChain:
     interval, cell = divmod(group, n_cells)
     return BrokenChain(interval, cells[cell].as_py(), why)
+
+
+@dataclass(frozen=True, slots=True)
+class NetChanges:
+    """What a run of intervals changed, flat and in interval order: interval ``i``'s
+    entries are ``keys[bounds[i]:bounds[i + 1]]`` (finals, ``b""`` for ABSENT, and
+    initials alike); ``counts[i]`` is how many events it had."""
+
+    keys: list[bytes]
+    finals: list[bytes]
+    initials: list[bytes]
+    bounds: list[int]
+    counts: list[int]
+
+
+def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: pa.Array,
+                interval: np.ndarray, n_intervals: int) -> NetChanges | BrokenChain:
+    """``cancel_out``'s result, found faster when the events chain in the order given.
+
+    The events come in (batch, seq) order. Where a cell's events, in that order, each
+    replace the value the one before wrote (the first: the value held), their Z-set sum
+    is ``+last -first`` by telescoping, so the chain proves what the cancel-out would
+    check; that is one stable sort by cell and two vectorised comparisons. Cells whose
+    events do not chain in that order (concurrent batches wrote them out of id order,
+    or the log is damaged) go through ``cancel_out``, the reference.
+    """
+    n = len(keys)
+    counts = np.bincount(interval, minlength=n_intervals).tolist() if n else [0] * n_intervals
+    if n == 0:
+        return NetChanges([], [], [], [0] * (n_intervals + 1), counts)
+    encoded = pc.dictionary_encode(keys)
+    cells = encoded.dictionary
+    kc = encoded.indices.to_numpy()
+    order = np.argsort(kc, kind="stable")
+    kc_s = kc[order]
+    iv_s = interval[order]
+    take = pa.array(order)
+    old_s, new_s = old.take(take), new.take(take)
+    first = np.ones(n, dtype=bool)
+    first[1:] = kc_s[1:] != kc_s[:-1]
+    linked = first.copy()
+    if n > 1:
+        linked[1:] |= pc.equal(old_s.slice(1), new_s.slice(0, n - 1)).to_numpy(
+            zero_copy_only=False)
+    heads = np.flatnonzero(first)
+    held = pa.array([state.get(k, b"") for k in cells.to_pylist()], pa.binary())
+    linked[heads] = pc.equal(old_s.take(pa.array(heads)), held).to_numpy(zero_copy_only=False)
+    bad_cells = np.unique(kc_s[~linked])
+    # -- the cells that chain: one (interval, cell) group per run of equal codes --------
+    group_first = first.copy()
+    group_first[1:] |= iv_s[1:] != iv_s[:-1]
+    starts = np.flatnonzero(group_first)
+    ends = np.concatenate((starts[1:], [n])) - 1
+    g_cell = kc_s[starts]
+    g_iv = iv_s[starts]
+    finals = new_s.take(pa.array(ends))
+    initials = old_s.take(pa.array(starts))
+    keep = pc.not_equal(finals, initials).to_numpy(zero_copy_only=False)
+    if len(bad_cells):
+        keep &= ~np.isin(g_cell, bad_cells)
+    rows = np.flatnonzero(keep)
+    rows = rows[np.argsort(g_iv[rows], kind="stable")]
+    iv_list = g_iv[rows]
+    pick = pa.array(rows)
+    out_keys = cells.take(pa.array(g_cell[rows])).to_pylist()
+    out_finals = finals.take(pick).to_pylist()
+    out_initials = initials.take(pick).to_pylist()
+    if len(bad_cells):
+        mask = pa.array(np.isin(kc, bad_cells))
+        slow = cancel_out(state, keys.filter(mask), old.filter(mask), new.filter(mask),
+                          interval[mask.to_numpy(zero_copy_only=False)], n_intervals)
+        if isinstance(slow, BrokenChain):
+            return slow
+        extra_iv = [i for i, r in enumerate(slow) for _ in range(len(r.changes))]
+        merged_iv = np.concatenate((iv_list, np.array(extra_iv, dtype=iv_list.dtype)))
+        merged = np.argsort(merged_iv, kind="stable").tolist()
+        all_keys = out_keys + [k for r in slow for k in r.changes]
+        all_finals = out_finals + [v for r in slow for v in r.changes.values()]
+        all_initials = out_initials + [r.before[k] for r in slow for k in r.changes]
+        out_keys = [all_keys[i] for i in merged]
+        out_finals = [all_finals[i] for i in merged]
+        out_initials = [all_initials[i] for i in merged]
+        iv_list = merged_iv[merged]
+    bounds = np.searchsorted(iv_list, np.arange(n_intervals + 1)).tolist()
+    return NetChanges(out_keys, out_finals, out_initials, bounds, counts)

@@ -46,6 +46,10 @@ class KafkaConsistentConsumer:
     state from the beginning of the topic and hands out only what comes after the
     position.
 
+    ``max_waiting_epochs`` bounds the epochs held while some partitions wait for the
+    others: beyond it, the partitions ahead are paused until the others caught up
+    (0: never pause). See ``docs/kafka.md``.
+
     Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
     ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
     ``KafkaConfigError`` for a missing topic or a wrong encoding.
@@ -62,6 +66,7 @@ class KafkaConsistentConsumer:
         initial_state: Mapping[Cell, Value] | None = None,
         config: Mapping[str, Any] | None = None,
         startup_timeout: float = 15.0,
+        max_waiting_epochs: int = 2000,
     ) -> None:
         if encoding not in ("native", "debezium"):
             raise KafkaConfigError(
@@ -84,6 +89,8 @@ class KafkaConsistentConsumer:
         settings.update(config or {})
         self._fatal: str | None = None
         self._failure: InconsistentLog | KafkaSinkError | None = None
+        self.max_waiting_epochs = max_waiting_epochs
+        self._paused: list[int] = []
         self._consumer = ck.Consumer(settings)
         try:
             self._start(position, encoding, initial_state, startup_timeout)
@@ -134,7 +141,7 @@ class KafkaConsistentConsumer:
         # from the beginning and keep quiet up to the position.
         rebuild = position is not None and initial_state is None
         self._hide = _frontier(position) if position is not None and rebuild else None
-        self.log = KafkaLog(self.partitions, encoding=encoding, assembler=Assembler(
+        self.log = KafkaLog(self.partitions, encoding=encoding, bulk=True, assembler=Assembler(
             initial_state, position=None if rebuild else position))
         assignment = []
         for tp in committed:
@@ -168,6 +175,7 @@ class KafkaConsistentConsumer:
         messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
         feed = self.log.feed
+        failure: InconsistentLog | KafkaSinkError | None = None
         try:
             for message in messages:
                 err = message.error()
@@ -178,17 +186,45 @@ class KafkaConsistentConsumer:
                         raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
                     log.warning("kafka_consume_error", error=err.str())
                     continue
-                out.extend(feed(message.partition(), message.offset(), message.key(),
-                                message.value(), message.headers()))
+                feed(message.partition(), message.offset(), message.key(), message.value(),
+                     message.headers())
         except (InconsistentLog, KafkaSinkError) as exc:
+            failure = exc
+        try:
+            # Every interval complete so far, verified in one pass.
+            out.extend(self.log.drain())
+        except InconsistentLog as exc:
+            failure = exc  # it comes before anything met while reading on
+        if failure is not None:
             # Hand out the changesets verified before the damage; raise from the next poll
             # on (the consumer cannot move past it).
-            self._failure = exc
+            self._failure = failure
             if not out:
-                raise
+                raise failure
+        self._bound_skew()
         if self._hide is not None and out:
             out = self._drop_hidden(out)
         return out
+
+    def _bound_skew(self) -> None:
+        """Pause the partitions that run ahead while too many epochs wait for the others
+        (librdkafka hands over one partition almost whole before the next), resume them
+        once the others caught up: what the consumer holds stays bounded."""
+        if not self.max_waiting_epochs:
+            return
+        waiting = self.log.waiting_epochs()
+        ck = self._ck
+        if not self._paused and waiting > self.max_waiting_epochs:
+            ahead = self.log.ahead()
+            if ahead and len(ahead) < self.partitions:
+                self._consumer.pause([ck.TopicPartition(self.topic, p) for p in ahead])
+                self._paused = ahead
+                log.debug("kafka_partitions_paused", partitions=ahead, waiting_epochs=waiting)
+        elif self._paused and waiting <= self.max_waiting_epochs // 2:
+            self._consumer.resume([ck.TopicPartition(self.topic, p) for p in self._paused])
+            log.debug("kafka_partitions_resumed", partitions=self._paused,
+                      waiting_epochs=waiting)
+            self._paused = []
 
     def _drop_hidden(self, changesets: list[Changeset]) -> list[Changeset]:
         """While rebuilding: drop changesets up to the position (and their commit points)."""

@@ -31,7 +31,7 @@ from typing import Final
 
 from replay._assembler import Assembler, Changeset
 from replay._errors import InconsistentLog
-from replay._position import Frontier
+from replay._position import Frontier, Position
 from sequencer import EpochRecord, id_lt
 from sinks._setsum import Setsum
 from sinks.codec import CodecError, EventBatch, decode, encode_key, encode_value, segment_digests
@@ -45,6 +45,7 @@ _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
 
 
 _RING: Final = 1 << 64
+_HALF_RING: Final = 1 << 63
 _MAX_POINTS: Final = 100_000
 
 
@@ -56,63 +57,69 @@ class _PendingBatches:
     batches wait behind them.
     """
 
-    __slots__ = ("_base", "_batches", "_first_offset", "_heap")
+    __slots__ = ("_base", "_batches", "_heap", "events")
 
     def __init__(self) -> None:
         self._base: int | None = None
         self._batches: dict[int, dict[int, RawEvent]] = {}
-        self._first_offset: dict[int, int] = {}
         self._heap: list[int] = []
+        self.events = 0
 
     def _rel(self, batch_id: int) -> int:
         if self._base is None:
             self._base = (batch_id - (1 << 63)) % _RING
         return (batch_id - self._base) % _RING
 
-    def add(self, event: RawEvent, offset: int) -> RawEvent | None:
-        """Keep ``event`` (read at ``offset``); return the event already kept with its
-        identity, if any."""
+    def add(self, event: RawEvent) -> RawEvent | None:
+        """Keep ``event``; return the event already kept with its identity, if any."""
         batch = self._batches.get(event.batch_id)
         if batch is None:
             batch = self._batches[event.batch_id] = {}
-            self._first_offset[event.batch_id] = offset
             heapq.heappush(self._heap, self._rel(event.batch_id))
         known = batch.get(event.seq)
         if known is None:
             batch[event.seq] = event
+            self.events += 1
         return known
 
-    def take_before(self, end_id: int) -> tuple[list[RawEvent], int | None]:
-        """Remove and return every event of a batch before ``end_id``, and the smallest
-        offset they were read at."""
+    def take_before(self, end_id: int) -> list[RawEvent]:
+        """Remove and return every event of a batch before ``end_id``."""
         out: list[RawEvent] = []
-        first: int | None = None
         if not self._heap:
-            return out, first
+            return out
         limit = self._rel(end_id)
         heap, batches, base = self._heap, self._batches, self._base
         assert base is not None
         while heap and heap[0] < limit:
             batch_id = (heapq.heappop(heap) + base) % _RING
             out.extend(batches.pop(batch_id).values())
-            offset = self._first_offset.pop(batch_id)
-            first = offset if first is None else min(first, offset)
-        return out, first
-
-    def first_offset(self) -> int | None:
-        """The smallest offset an event still kept was read at."""
-        return min(self._first_offset.values(), default=None)
+        self.events -= len(out)
+        return out
 
     def __len__(self) -> int:
         return len(self._batches)
 
 
-@dataclass(frozen=True)
 class CommitPoint:
-    """Where a consumer restarts once a changeset is applied: offsets and position token."""
+    """Where a consumer restarts once a changeset is applied: ``offsets`` (per partition,
+    the first message not yet part of a changeset handed out) and ``token`` (the
+    position to resume with, formatted when first asked)."""
 
-    offsets: dict[int, int]
-    token: str
+    __slots__ = ("_parts", "_token", "offsets")
+
+    def __init__(self, offsets: dict[int, int], parts: dict[int, Changeset | Position]
+                 ) -> None:
+        self.offsets = offsets
+        self._parts = parts
+        self._token: str | None = None
+
+    @property
+    def token(self) -> str:
+        if self._token is None:
+            positions = (p if isinstance(p, Position) else p.position
+                         for p in self._parts.values())
+            self._token = str(Frontier.of(positions))
+        return self._token
 
 
 @dataclass
@@ -130,9 +137,7 @@ class _Epoch:
 
     whole: EpochRecord
     batches: list[EventBatch] = field(default_factory=list)  # one per partition with events
-    marker_offsets: dict[int, int] = field(default_factory=dict)
-    # per partition, the smallest offset of this epoch's messages (events or marker)
-    first_offsets: dict[int, int] = field(default_factory=dict)
+    vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
     counted: int = 0
 
 
@@ -141,23 +146,35 @@ class KafkaLog:
 
     ``encoding`` is ``"native"`` or ``"debezium"``. ``assembler`` does the cancel-out
     (a fresh ``Assembler()`` by default); its position says what is already applied.
+    With ``bulk``, ``feed`` only stores what every partition vouched for and ``drain``
+    verifies all of it in one pass (much faster for small intervals); otherwise ``feed``
+    verifies each quiescent interval as it completes.
     """
 
     def __init__(self, partitions: int, *, encoding: str = "native",
-                 assembler: Assembler | None = None) -> None:
+                 assembler: Assembler | None = None, bulk: bool = False) -> None:
         if encoding not in ("native", "debezium"):
             raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
         self.partitions = partitions
         self.encoding = encoding
         self.assembler = assembler or Assembler()
+        self._defer = bulk
+        self._failure: InconsistentLog | None = None
         self._lanes: list[dict[int, _Lane]] = [{} for _ in range(partitions)]
         self._next_offset: list[int | None] = [None] * partitions
         self._epochs: dict[tuple[int, int], _Epoch] = {}
         self._fed: dict[int, int] = {}  # domain -> last epoch fed to the assembler
+        # What changesets handed out cover, per domain: batches before this id, epochs
+        # up to this one (a message of either is settled: never needed again).
         self._applied_end: dict[int, int] = {}
-        # per domain, the first offsets of epochs fed to the assembler but not yet part
-        # of a changeset handed out
-        self._fed_unsettled: dict[int, list[dict[int, int]]] = {}
+        self._applied_seq: dict[int, int] = {}
+        self._handed: dict[int, Changeset | Position] = {}  # domain -> last handed out
+        # Per partition, every message kept and not yet known settled, in offset order:
+        # (offset, domain, batch id or epoch, is a marker). The first one not settled is
+        # where a restart must begin; settled ones are dropped from the front as the
+        # position moves, so finding a restart point is O(1) amortised.
+        self._open: list[deque[tuple[int, int, int, bool]]] = [
+            deque() for _ in range(partitions)]
         self._first: dict[int, tuple[int, int]] = {}  # domain -> its first epoch's key
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
@@ -167,6 +184,8 @@ class KafkaLog:
         for position in self.assembler.position:
             self._fed[position.domain_id] = position.epoch_seq
             self._applied_end[position.domain_id] = position.end_id
+            self._applied_seq[position.domain_id] = position.epoch_seq
+            self._handed[position.domain_id] = position
 
     @property
     def position(self) -> Frontier:
@@ -182,6 +201,8 @@ class KafkaLog:
     def feed(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
              headers: Sequence[tuple[str, bytes | None]] | None) -> list[Changeset]:
         """Take one message of ``partition`` (in the partition's order)."""
+        if self._failure is not None:
+            raise self._failure
         self._next_offset[partition] = offset + 1
         if value is not None and value[:3] == EVENT_MAGIC:
             try:
@@ -225,8 +246,10 @@ class KafkaLog:
         if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
-        known = lane.pending.add(event, offset)
-        if known is not None:
+        known = lane.pending.add(event)
+        if known is None:
+            self._open[partition].append((offset, domain, event.batch_id, False))
+        else:
             if known != event:
                 raise InconsistentLog(
                     f"partition {partition} holds two different events with identity "
@@ -244,7 +267,7 @@ class KafkaLog:
                                   f"for stream {part.stream} does not match its epoch",
                                   domain_id=domain, epoch_seq=seq)
         lane = self._lane(partition, domain)
-        covered, first_offset = lane.pending.take_before(whole.end_id)
+        covered = lane.pending.take_before(whole.end_id)
         fed = self._fed.get(domain)
         if fed is not None and seq <= fed:
             self.duplicates += 1 + len(covered)  # an epoch already applied
@@ -284,17 +307,17 @@ class KafkaLog:
         if checked is not None:
             epoch.batches.append(checked)
         epoch.counted += part.event_count
-        epoch.marker_offsets[partition] = offset
-        epoch.first_offsets[partition] = offset if first_offset is None else first_offset
+        epoch.vouched.add(partition)
+        self._open[partition].append((offset, domain, seq, True))
         return self._feed_complete(domain)
 
     def _feed_complete(self, domain: int) -> list[Changeset]:
         out: list[Changeset] = []
         while True:
             seq = self._fed.get(domain)
-            key = (domain, seq + 1) if seq is not None else self._first_epoch(domain)
+            key = (domain, seq + 1) if seq is not None else self._first.get(domain)
             epoch = self._epochs.get(key) if key is not None else None
-            if epoch is None or len(epoch.marker_offsets) < self.partitions:
+            if epoch is None or len(epoch.vouched) < self.partitions:
                 return out
             del self._epochs[key]  # type: ignore[arg-type]
             whole = epoch.whole
@@ -305,21 +328,31 @@ class KafkaLog:
             self._fed[domain] = whole.epoch_seq
             for batch in epoch.batches:
                 self.assembler.feed(batch)
-            changesets = self.assembler.feed(whole)
-            self._fed_unsettled.setdefault(domain, []).append(epoch.first_offsets)
-            if changesets:
-                self._settle(domain, whole.end_id)
-                point = CommitPoint(self.commit_offsets(), str(self.assembler.position))
-                self.commit_points.extend((changeset, point) for changeset in changesets)
+            changesets = self.assembler.feed(whole, defer=self._defer)
+            self._hand_out(changesets)
             out.extend(changesets)
 
-    def _first_epoch(self, domain: int) -> tuple[int, int] | None:
-        return self._first.get(domain)
+    def drain(self) -> list[Changeset]:
+        """Verify the epochs fed with ``defer`` (all intervals complete, in one pass) and
+        return their changesets. If one is at fault, those before it are returned and
+        the next call raises its ``InconsistentLog``."""
+        if self._failure is not None:
+            raise self._failure
+        changesets = self.assembler.drain()
+        self._hand_out(changesets)
+        self._failure = self.assembler._failure  # met after good ones: raised next time
+        self.assembler._failure = None
+        return changesets
 
-    def _settle(self, domain: int, end_id: int) -> None:
-        """A changeset of ``domain`` was handed out: every epoch fed so far is applied."""
-        self._applied_end[domain] = end_id
-        self._fed_unsettled.pop(domain, None)
+    def _hand_out(self, changesets: list[Changeset]) -> None:
+        """Record, for each changeset handed out, where a restart after it begins."""
+        for changeset in changesets:
+            domain = changeset.domain_id
+            self._applied_seq[domain] = changeset.epoch_seq
+            self._applied_end[domain] = changeset._end_id()
+            self._handed[domain] = changeset
+            self.commit_points.append(
+                (changeset, CommitPoint(self.commit_offsets(), dict(self._handed))))
 
     # -- restart points ---------------------------------------------------------------------
 
@@ -330,26 +363,46 @@ class KafkaLog:
     def commit_offsets(self) -> dict[int, int]:
         """Per partition, the offset a restarted consumer must read from: the first
         message not yet part of a changeset handed out (else the next one to read)."""
-        starts: list[list[int]] = [[] for _ in range(self.partitions)]
-        for partition, lanes in enumerate(self._lanes):
-            for lane in lanes.values():
-                first = lane.pending.first_offset()
-                if first is not None:
-                    starts[partition].append(first)
-        unsettled = [e.first_offsets for e in self._epochs.values()]
-        for fed in self._fed_unsettled.values():
-            unsettled += fed
-        for first_offsets in unsettled:
-            for partition, offset in first_offsets.items():
-                starts[partition].append(offset)
         out = {}
-        for partition, offsets in enumerate(starts):
-            next_offset = self._next_offset[partition]
-            if offsets:
-                out[partition] = min(offsets)
-            elif next_offset is not None:
+        applied_end, applied_seq = self._applied_end, self._applied_seq
+        for partition, open_messages in enumerate(self._open):
+            while open_messages:
+                _offset, domain, key, marker = open_messages[0]
+                if marker:
+                    if key > applied_seq.get(domain, 0):
+                        break
+                else:
+                    end = applied_end.get(domain)
+                    # settled if its batch id is before the applied end, on the id ring
+                    if end is None or not 0 < (end - key) % _RING < _HALF_RING:
+                        break
+                open_messages.popleft()
+            if open_messages:
+                out[partition] = open_messages[0][0]
+            elif (next_offset := self._next_offset[partition]) is not None:
                 out[partition] = next_offset
         return out
+
+    # -- memory while partitions are skewed ---------------------------------------------------
+
+    def waiting_epochs(self) -> int:
+        """Epochs some partitions vouched for, waiting for the others."""
+        return len(self._epochs)
+
+    def ahead(self) -> list[int]:
+        """Partitions that vouched for the oldest waiting epoch of a domain: reading more
+        of them only grows what waits; the others hold the cut back."""
+        behind: set[int] = set()
+        for domain, seq in self._fed.items():
+            epoch = self._epochs.get((domain, seq + 1))
+            if epoch is not None:
+                behind |= set(range(self.partitions)) - epoch.vouched
+        for domain, key in self._first.items():
+            if domain not in self._fed and (epoch := self._epochs.get(key)) is not None:
+                behind |= set(range(self.partitions)) - epoch.vouched
+        if not behind:
+            return []
+        return [p for p in range(self.partitions) if p not in behind]
 
 
 def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None

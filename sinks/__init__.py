@@ -5,10 +5,13 @@ bytes every sink and reader share) and ``_protocol.py`` (what a sink must do).
 Optional back ends (``sinks.wal3``, ``sinks.kafka``) import their drivers lazily.
 """
 
+from sinks._log_routing import route_library_logs
 from sinks._memory import MemorySink, RecordingSink
 from sinks._protocol import Sink, SinkBackpressure, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
 from sinks.codec import EventBatch
+
+route_library_logs()  # events to the logging module, never stdout (sinks/_log_routing.py)
 
 __all__ = [
     "EventBatch",

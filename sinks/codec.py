@@ -62,6 +62,7 @@ event keeps one SHA3 call for many events.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -433,21 +434,22 @@ def _decode_epoch(payload: memoryview) -> EpochRecord:
 # -- setsum items ---------------------------------------------------------------------------
 
 
-def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int, bytes]]:
-    """Yield ``(domain_id, batch_id, sha3 digest)`` for each segment of ``data``.
+def segment_digest_array(data: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, bytes]:
+    """Every segment of ``data`` at once: the row each segment starts at, and the SHA3
+    digests of their items, 32 bytes each, in the same order.
 
-    ``data`` must hold whole segments, each contiguous and in seq order (sort by
-    domain, batch, seq first if unsure).
+    ``data`` must hold whole segments, each contiguous and in seq order. Each item is
+    assembled in Arrow (one ``binary_join`` per column over the segments, then one
+    element-wise join), so the only Python step per segment is its SHA3 call.
     """
     import hashlib
 
     if isinstance(data, pa.Table):
-        data = data.combine_chunks().to_batches()[0] if data.num_rows else None
-        if data is None:
-            return
+        data = (data.combine_chunks().to_batches()[0] if data.num_rows
+                else pa.RecordBatch.from_pylist([], schema=data.schema))
     n = data.num_rows
     if n == 0:
-        return
+        return np.zeros(0, dtype=np.int64), b""
     domains = data.column(0).to_numpy()
     batches = data.column(1).to_numpy()
     seqs = data.column(2).to_numpy()
@@ -456,30 +458,102 @@ def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int,
         (domains[1:] != domains[:-1]) | (batches[1:] != batches[:-1])
         | (segments[1:] != segments[:-1])
     ) + 1
-    starts = np.concatenate(([0], change)).tolist()
-    ends = np.concatenate((change, [n])).tolist()
-    seq_be = seqs.astype(">u4").tobytes()
-    var = []
+    starts = np.concatenate(([0], change)).astype(np.int64)
+    sha3 = hashlib.sha3_256
+    if n <= _SMALL_ROWS:  # a few events: Arrow's fixed cost per call would dominate
+        return starts, b"".join(sha3(item).digest() for item in _small_items(
+            data, starts.tolist(), domains[starts].tolist(), batches[starts].tolist()))
+    digests: list[bytes] = []
+    # Pieces of at most _ITEM_ROWS rows, cut where a segment starts (int32 offsets).
+    cuts = [0]
+    while cuts[-1] < len(starts):
+        limit = starts[cuts[-1]] + _ITEM_ROWS
+        cuts.append(max(cuts[-1] + 1, int(np.searchsorted(starts, limit, side="right")) - 1
+                        if limit < n else len(starts)))
+    for lo, hi in itertools.pairwise(cuts):
+        first = int(starts[lo])
+        last = int(starts[hi]) if hi < len(starts) else n
+        items = _segment_items(data.slice(first, last - first), starts[lo:hi] - first,
+                               domains[starts[lo:hi]], batches[starts[lo:hi]])
+        offsets = np.frombuffer(items.buffers()[1], dtype=np.int32, count=len(items) + 1,
+                                offset=items.offset * 4).tolist()
+        body = items.buffers()[2]
+        view = memoryview(body) if body is not None else memoryview(b"")
+        digests += [sha3(view[a:b]).digest() for a, b in itertools.pairwise(offsets)]
+    return starts, b"".join(digests)
+
+
+_ITEM_ROWS: Final = 1 << 18
+_SMALL_ROWS: Final = 32
+
+
+def _small_items(data: pa.RecordBatch, starts: list[int], domains: list[int],
+                 batches: list[int]) -> Iterator[bytes]:
+    """The setsum items of a few events, joined from slices in Python."""
+    n = data.num_rows
+    seq_be = data.column(2).to_numpy().astype(">u4").tobytes()
+    columns = []
     for name in _VAR_COLUMNS:
         col = data.column(name)
-        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32,
-                                count=len(col) + 1, offset=col.offset * 4)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1,
+                                offset=col.offset * 4)
         lengths = (offsets[1:] - offsets[:-1]).astype(">u4").tobytes()
         values = col.buffers()[2]
-        var.append((offsets.tolist(), lengths,
-                    memoryview(values) if values is not None else memoryview(b"")))
-    head = struct.Struct(">QQI")
-    sha3 = hashlib.sha3_256
-    dom_list = domains.tolist()
-    bat_list = batches.tolist()
-    for i, j in zip(starts, ends, strict=True):
-        h = sha3(_SEGMENT_MAGIC)
-        h.update(head.pack(dom_list[i], bat_list[i], j - i))
-        h.update(seq_be[4 * i : 4 * j])
-        for offsets, lengths, values in var:
-            h.update(lengths[4 * i : 4 * j])
-            h.update(values[offsets[i] : offsets[j]])
-        yield dom_list[i], bat_list[i], h.digest()
+        columns.append((offsets.tolist(), lengths, bytes(values) if values is not None else b""))
+    head = struct.Struct(">QQI").pack
+    for k, i in enumerate(starts):
+        j = starts[k + 1] if k + 1 < len(starts) else n
+        parts = [_SEGMENT_MAGIC, head(domains[k], batches[k], j - i), seq_be[4 * i:4 * j]]
+        for offsets, lengths, values in columns:
+            parts += (lengths[4 * i:4 * j], values[offsets[i]:offsets[j]])
+        yield b"".join(parts)
+_ITEM_HEAD: Final = np.dtype([("magic", "S8"), ("domain", ">u8"), ("batch", ">u8"), ("n", ">u4")])
+
+
+def _segment_items(data: pa.RecordBatch, starts: np.ndarray, domains: np.ndarray,
+                   batches: np.ndarray) -> pa.Array:
+    """One binary per segment: its setsum item, as the layout above says."""
+    n, m = data.num_rows, len(starts)
+    bounds = pa.array(np.concatenate((starts, [n])).astype(np.int32))
+    head = np.empty(m, dtype=_ITEM_HEAD)
+    head["magic"], head["domain"], head["batch"] = _SEGMENT_MAGIC, domains, batches
+    head["n"] = np.diff(np.concatenate((starts, [n])))
+
+    def fixed(raw: bytes, width: int, count: int) -> pa.Array:
+        return pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(width), count, [None, pa.py_buffer(raw)]).cast(pa.binary())
+
+    def per_segment(values: pa.Array) -> pa.Array:
+        return pc.binary_join(pa.ListArray.from_arrays(bounds, values), b"")
+
+    seqs = data.column(2).to_numpy().astype(">u4")
+    parts = [fixed(head.tobytes(), _ITEM_HEAD.itemsize, m),
+             per_segment(fixed(seqs.tobytes(), 4, n))]
+    for name in _VAR_COLUMNS:
+        column = data.column(name)
+        if column.type != pa.binary():
+            column = column.cast(pa.binary())
+        lengths = pc.binary_length(column).to_numpy(zero_copy_only=False).astype(">u4")
+        parts.append(per_segment(fixed(lengths.tobytes(), 4, n)))
+        parts.append(per_segment(column))
+    return pc.binary_join_element_wise(*parts, b"")
+
+
+def segment_digests(data: pa.RecordBatch | pa.Table) -> Iterator[tuple[int, int, bytes]]:
+    """Yield ``(domain_id, batch_id, sha3 digest)`` for each segment of ``data``.
+
+    ``data`` must hold whole segments, each contiguous and in seq order (sort by
+    domain, batch, seq first if unsure).
+    """
+    starts, digests = segment_digest_array(data)
+    if not len(starts):
+        return
+    if isinstance(data, pa.Table):
+        data = data.combine_chunks().to_batches()[0]
+    domains = data.column(0).to_numpy()[starts].tolist()
+    batches = data.column(1).to_numpy()[starts].tolist()
+    for k, (domain, batch) in enumerate(zip(domains, batches, strict=True)):
+        yield domain, batch, digests[32 * k: 32 * k + 32]
 
 
 def digests_setsum(digests: Sequence[bytes]) -> Setsum:

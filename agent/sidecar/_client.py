@@ -19,7 +19,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent._agent import AgentClosed, QuiescenceTimeout, check_conditional, check_update
 from agent._scope import BatchScope
@@ -36,6 +36,9 @@ from sequencer import (
     check_row,
     check_write,
 )
+
+if TYPE_CHECKING:
+    from agent._baseline import SnapshotProgress
 
 __all__ = ["SidecarClient", "SidecarError", "SidecarUnavailable"]
 
@@ -297,6 +300,19 @@ class SidecarClient:
     def flush(self) -> None:
         """Wait until every event of every closed batch is durable in the sidecar's sink."""
         self._connection().call("flush")
+
+    def snapshot(self, *, chunk_rows: int = 10_000,
+                 progress: Callable[[SnapshotProgress], None] | None = None) -> dict[str, Any]:
+        """Record every cell of the store as a baseline in the sidecar's log.
+
+        For each chunk the sidecar holds new batches back (every client's) until the
+        open ones end, this client reads the chunk from its store (``list_cells``) and
+        reports it. Returns ``{"baseline", "chunks", "cells", "longest_hold"}`` once
+        the chunks are durable.
+        """
+        from agent.sidecar._snapshot_ops import client_snapshot
+
+        return client_snapshot(self._connection().call, self.store, chunk_rows, progress)
 
     def ping(self) -> None:
         self._connection().call("ping")

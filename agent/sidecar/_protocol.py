@@ -52,6 +52,7 @@ __all__ = [
     "Event",
     "Events",
     "Flush",
+    "Health",
     "Hello",
     "Open",
     "Ping",
@@ -89,7 +90,9 @@ CLOSING: Final = "closing"                # the sidecar is shutting down: no new
 QUIESCENCE_TIMEOUT: Final = "quiescence_timeout"  # forced quiescence held the batch back
 SHIPPING_FAILED: Final = "shipping_failed"  # the sink failed; the log misses records
 BACKPRESSURE: Final = "backpressure"      # the sink is behind: no new batch for now
+UNHEALTHY: Final = "unhealthy"            # health: the sidecar cannot capture (says why)
 LINE_TOO_LONG: Final = "line_too_long"    # over the line limit; the connection closes
+MEMORY_LIMIT: Final = "memory_limit"      # the global request budget is spent; closes
 INTERNAL: Final = "internal"              # a sidecar bug (logged); the connection stays
 
 
@@ -144,9 +147,16 @@ class Flush:
     id: RequestId
 
 
-Request: TypeAlias = Hello | Ping | Open | Events | Close | Flush
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A liveness probe (allowed before ``hello``): ok when the sidecar can capture."""
 
-_OPS: Final = ("hello", "ping", "open", "events", "close", "flush")
+    id: RequestId
+
+
+Request: TypeAlias = Hello | Ping | Open | Events | Close | Flush | Health
+
+_OPS: Final = ("hello", "ping", "open", "events", "close", "flush", "health")
 
 
 def _refuse_constant(name: str) -> Any:
@@ -163,6 +173,14 @@ def parse_request(line: bytes | str) -> Request:
         raise ProtocolError(BAD_JSON, "a request is a JSON object, one per line")
     request_id = _request_id(message.get("id"))
     op = message.get("op")
+    if op in ("snapshot_hold", "snapshot_chunk"):  # baselines: agent.sidecar._snapshot_ops
+        from agent.sidecar._snapshot_ops import parse_snapshot_request
+
+        try:
+            return parse_snapshot_request(op, message, request_id)  # type: ignore[return-value]
+        except ProtocolError as exc:
+            exc.request_id = request_id
+            raise
     if op not in _OPS:
         raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(_OPS)}",
                             request_id)
@@ -193,6 +211,8 @@ def parse_request(line: bytes | str) -> Request:
             return Ping(request_id)
         if op == "open":
             return Open(request_id)
+        if op == "health":
+            return Health(request_id)
         return Flush(request_id)
     except ProtocolError as exc:
         exc.request_id = request_id

@@ -39,14 +39,53 @@ __all__ = ["SOCKET_MODE", "Sidecar", "SidecarAddressInUse", "SidecarSocketError"
 log = structlog.get_logger()
 
 MAX_LINE: Final = 16 << 20  # bytes per request line; longer ends the connection
+MAX_BUFFERED: Final = 64 << 20  # bytes of unhandled requests held across all connections
 # Owner and group may connect (connecting needs write permission on the socket file):
 # put the clients' users in the sidecar's group, or pass socket_mode=0o666.
 SOCKET_MODE: Final = 0o660
 _MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final NUL
 
 
+class _OverBudget(Exception):
+    """This connection's unfinished request was refused: the global budget is spent."""
+
+
+class _Budget:
+    """Bytes received but not yet handled, across all connections, against a limit.
+
+    Over the limit, a connection that sends more is paused (the kernel then holds the
+    client's writes back) until the total falls to half the limit. If no connection
+    holds a whole request that would free bytes, the one holding the largest
+    unfinished request is refused (``memory_limit``) and closed, so the sidecar never
+    waits on itself.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.readers: set[_Reader] = set()
+        self.paused: set[_Reader] = set()
+
+    def release(self, count: int) -> None:
+        self.used -= count
+        if self.paused and self.used <= self.limit // 2:
+            paused, self.paused = self.paused, set()
+            for reader in paused:
+                reader.resume()
+
+    def over(self, reader: _Reader) -> None:
+        if any(other.has_request() for other in self.readers):
+            reader.pause()  # others will free bytes as they handle their requests
+            self.paused.add(reader)
+            return
+        victim = max(self.readers, key=lambda r: r.buffered())
+        victim.pause()
+        victim.set_exception(_OverBudget(victim.buffered()))
+
+
 class _Reader(asyncio.StreamReader):
-    """A ``StreamReader`` that turns a connection reset into end of stream.
+    """A ``StreamReader`` that turns a connection reset into end of stream, and counts
+    its buffered bytes against the sidecar's global budget.
 
     A client that dies with replies unread in its socket makes the kernel report
     ECONNRESET to the sidecar; ``StreamReader`` would then raise at once and drop
@@ -54,11 +93,57 @@ class _Reader(asyncio.StreamReader):
     all, then see the end of the stream.
     """
 
+    # StreamReader keeps its buffer and flow control in private fields (_buffer,
+    # _transport, _paused); the budget reads and drives them the way it does itself.
+
+    def __init__(self, budget: _Budget, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._budget = budget
+        budget.readers.add(self)
+
     def set_exception(self, exc: Exception) -> None:
         if isinstance(exc, ConnectionError):
             self.feed_eof()
         else:
             super().set_exception(exc)
+
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]
+        super().feed_data(data)
+        budget = self._budget
+        budget.used += len(data)
+        if budget.used > budget.limit:
+            budget.over(self)
+
+    def buffered(self) -> int:
+        return len(self._buffer)  # type: ignore[attr-defined]
+
+    def has_request(self) -> bool:
+        return self._buffer.find(b"\n") >= 0  # type: ignore[attr-defined,no-any-return]
+
+    def pause(self) -> None:
+        transport = self._transport  # type: ignore[attr-defined]
+        if transport is not None and not self._paused:  # type: ignore[has-type]
+            self._paused = True
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        transport = self._transport  # type: ignore[attr-defined]
+        if transport is not None and self._paused:
+            self._paused = False
+            transport.resume_reading()
+
+    def consumed(self, count: int) -> None:
+        """``count`` buffered bytes were taken out (a request line)."""
+        self._budget.release(count)
+
+    def detach(self) -> None:
+        """The connection ended: give its remaining bytes back to the budget."""
+        budget = self._budget
+        budget.readers.discard(self)
+        budget.paused.discard(self)
+        left = self.buffered()
+        self._buffer.clear()  # type: ignore[attr-defined]
+        budget.release(left)
 
 
 class SidecarSocketError(OSError):
@@ -88,13 +173,18 @@ class Sidecar(_Capture):
     """
 
     def __init__(self, sink: Sink, *, grace_period: float = 5.0, max_line: int = MAX_LINE,
-                 **options: object) -> None:
+                 max_buffered: int = MAX_BUFFERED, **options: object) -> None:
+        if max_buffered < max_line:
+            raise ValueError(f"max_buffered ({max_buffered}) must be at least max_line "
+                             f"({max_line}): one whole request must fit")
         super().__init__(sink, **options)  # type: ignore[arg-type]
+        self._budget = _Budget(max_buffered)
         self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
         self.grace_period = grace_period
         self.max_line = max_line
         self._connections: dict[_Connection, asyncio.StreamWriter] = {}
         self._handlers: set[asyncio.Task[None]] = set()
+        self._snapshot_holds: set[int] = set()  # connections holding writers (baselines)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._batch_closed: asyncio.Event | None = None
@@ -131,7 +221,7 @@ class Sidecar(_Capture):
         _remove_stale_socket(path)
 
         def connection_protocol() -> asyncio.StreamReaderProtocol:
-            reader = _Reader(limit=self.max_line, loop=loop)
+            reader = _Reader(self._budget, limit=self.max_line, loop=loop)
             return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
 
         listener = _bind(path, socket_mode)
@@ -193,6 +283,11 @@ class Sidecar(_Capture):
                         path.unlink()
                 log.info("cdc.sidecar_stopped", socket=str(path), **self.stats)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of requests received and not yet handled, over all connections."""
+        return self._budget.used
+
     def stop(self) -> None:
         """Ask ``serve()`` to shut down (from any thread)."""
         loop, event = self._loop, self._stop_event
@@ -230,7 +325,13 @@ class Sidecar(_Capture):
         except (ConnectionError, BrokenPipeError):
             pass  # the client went away; its batches are closed below
         finally:
+            if isinstance(reader, _Reader):
+                reader.detach()
             try:
+                if self._snapshot_holds:
+                    from agent.sidecar._snapshot_ops import release_hold
+
+                    release_hold(self, self._snapshot_holds, connection)
                 self._close_batches(connection, "the client disconnected")
             finally:
                 del self._connections[connection]
@@ -239,13 +340,30 @@ class Sidecar(_Capture):
 
     async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
+        budgeted = reader if isinstance(reader, _Reader) else None
+
+        def consumed(count: int) -> None:
+            if budgeted is not None:
+                budgeted.consumed(count)
+
         while True:
             try:
                 line = await reader.readuntil(b"\n")
+                consumed(len(line))
             except asyncio.IncompleteReadError as exc:
+                consumed(len(exc.partial))
                 if not exc.partial.strip():
                     return  # end of stream
                 line = exc.partial  # a last request without its newline
+            except _OverBudget as exc:
+                writer.write(p.encode_error(
+                    None, p.MEMORY_LIMIT, f"the sidecar holds at most {self._budget.limit} "
+                    "bytes of unhandled requests over all connections, and this "
+                    f"connection's unfinished request ({exc.args[0]} bytes so far) was the "
+                    "largest when that was spent; the connection closes (its open batches "
+                    "too): send smaller requests (split events over several)"))
+                await writer.drain()
+                return
             except asyncio.LimitOverrunError:
                 writer.write(p.encode_error(None, p.LINE_TOO_LONG,
                                             f"a request line is limited to {self.max_line} "
@@ -291,6 +409,8 @@ class Sidecar(_Capture):
             return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
 
     async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
+        if type(request) is p.Health:
+            return self._health(request)
         if type(request) is p.Hello:
             if request.protocol != p.PROTOCOL_VERSION:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
@@ -328,9 +448,42 @@ class Sidecar(_Capture):
                     await self._durable()
                     return p.encode_reply(request.id, events=count, durable=True)
             return p.encode_reply(request.id, events=count)
-        assert type(request) is p.Flush
+        if not isinstance(request, p.Flush):  # a baseline: agent.sidecar._snapshot_ops
+            from agent.sidecar._snapshot_ops import handle_snapshot
+
+            return await handle_snapshot(self, self._snapshot_holds, connection,
+                                         request)  # type: ignore[arg-type]
         await self._durable()
         return p.encode_reply(request.id)
+
+    def health_problem(self) -> str | None:
+        """Why the sidecar cannot capture now, or ``None`` when it can."""
+        shipper = self._shipper
+        if shipper.error is not None:
+            return (f"shipping to the sink failed ({shipper.error!r}); the log misses "
+                    "records from then on: restart the sidecar with a working sink")
+        if self.stopping.is_set():
+            return "the sidecar is shutting down"
+        if not shipper.alive:
+            return "the shipping thread is not running"
+        behind = shipper.behind_since
+        if behind is not None and time.monotonic() - behind > self._backpressure_timeout:
+            return (f"the sink has refused records for {time.monotonic() - behind:.0f}s "
+                    f"({shipper.pending()} queued); new batches are refused: check the "
+                    "sink (its store or brokers)")
+        return None
+
+    def _health(self, request: p.Health) -> bytes:
+        problem = self.health_problem()
+        if problem is not None:
+            raise p.ProtocolError(p.UNHEALTHY, problem)
+        shipper = self._shipper
+        return p.encode_reply(
+            request.id, healthy=True, open_batches=sum(len(c.batches) for c in
+                                                       self._connections),
+            connections=len(self._connections), queue_depth=shipper.pending(),
+            last_quiescence_age=round(time.monotonic() - shipper.last_quiescent_at, 3),
+            batches=self._batches_closed, events=shipper.shipped_events)
 
     async def _durable(self) -> None:
         """Wait, without blocking the loop, until every record handed to the shipper so

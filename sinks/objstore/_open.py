@@ -6,6 +6,7 @@ import threading
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from sinks._redact import redact
 from sinks.objstore._local import LocalStore
 from sinks.objstore._memory import InMemoryObjectStore
 from sinks.objstore._protocol import ObjectStore
@@ -25,7 +26,16 @@ def open_store(uri: str, *, endpoint_url: str | None = None, **options: Any) -> 
       on first use (options ``seed``, ``sleep`` apply then only).
     - ``s3://bucket/prefix``: an ``S3Store`` (``endpoint_url`` and the other options
       are passed on: credentials, ``region_name``, ``max_attempts``, ...).
+      ``s3://KEY:SECRET@bucket/prefix`` takes the access key and secret from the URI
+      (better: the environment); no message ever shows them.
     """
+    try:
+        return _open(uri, endpoint_url, options)
+    except ValueError as exc:  # the messages quote the URI: never with its secret
+        raise ValueError(redact(str(exc))) from None
+
+
+def _open(uri: str, endpoint_url: str | None, options: dict[str, Any]) -> ObjectStore:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if parts.query or parts.fragment:
@@ -50,9 +60,15 @@ def open_store(uri: str, *, endpoint_url: str | None = None, **options: Any) -> 
                                  f"{sorted(options)} apply only when it is created")
             return store
     if scheme == "s3":
-        if not parts.netloc:
+        userinfo, _, bucket = parts.netloc.rpartition("@")
+        if not bucket:
             raise ValueError(f"store URI {uri!r}: name the bucket, s3://bucket/prefix")
-        return S3Store(parts.netloc, unquote(parts.path).strip("/"),
+        if userinfo:
+            key, _, secret = userinfo.partition(":")
+            options.setdefault("aws_access_key_id", unquote(key))
+            if secret:
+                options.setdefault("aws_secret_access_key", unquote(secret))
+        return S3Store(bucket, unquote(parts.path).strip("/"),
                        endpoint_url=endpoint_url, **options)
     raise ValueError(f"store URI {uri!r}: unknown scheme {parts.scheme!r}; use file:///dir, "
                      "memory://name or s3://bucket/prefix")

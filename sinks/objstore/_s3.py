@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sinks._redact import redact
 from sinks.objstore._errors import NotFound, ObjectStoreError, PreconditionFailed, StoreUnavailable
 from sinks.objstore._keys import check_key, check_prefix
 
@@ -123,8 +124,11 @@ class S3Store:
             retries={"total_max_attempts": 1},  # we retry, knowing which calls are safe to
             connect_timeout=connect_timeout, read_timeout=read_timeout,
             max_pool_connections=max_pool_connections, s3={"addressing_style": style})
-        return session.client("s3", endpoint_url=endpoint_url,
-                              region_name=session.region_name or "us-east-1", config=config)
+        try:
+            return session.client("s3", endpoint_url=endpoint_url,
+                                  region_name=session.region_name or "us-east-1", config=config)
+        except ValueError as exc:  # botocore quotes a bad endpoint URL, secret and all
+            raise ValueError(redact(str(exc))) from None
 
     @property
     def client(self) -> Any:
@@ -283,18 +287,19 @@ class S3Store:
                     f"{what}: access denied ({code}: {message}); check the credentials and "
                     "the bucket policy", key=key)
             return ObjectStoreError(f"{what}: {status} {code}: {message}", key=key)
+        shown = redact(str(exc))  # botocore's text may quote an endpoint URL with a secret
         if isinstance(exc, e.NoCredentialsError | e.PartialCredentialsError):
             return ObjectStoreError(
-                f"{what}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and "
+                f"{what}: no usable AWS credentials ({shown}); set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, a profile, or pass them to the store", key=key)
         if isinstance(exc, e.ConnectionError):
             # Connecting failed (refused, DNS, connect timeout): the request never left.
-            return StoreUnavailable(f"{what}: cannot connect ({exc}); retry", key=key)
+            return StoreUnavailable(f"{what}: cannot connect ({shown}); retry", key=key)
         if isinstance(exc, e.HTTPClientError | e.IncompleteReadError):
             # Read timeout, connection closed mid-response: the request may have applied.
-            return StoreUnavailable(f"{what}: connection failed mid-request ({exc})",
+            return StoreUnavailable(f"{what}: connection failed mid-request ({shown})",
                                     key=key, may_have_applied=write)
-        return ObjectStoreError(f"{what}: {type(exc).__name__}: {exc}", key=key)
+        return ObjectStoreError(f"{what}: {type(exc).__name__}: {shown}", key=key)
 
 
 def _condition(op: str) -> str:

@@ -27,3 +27,198 @@ def test_no_command_or_an_unknown_one_is_a_usage_error() -> None:
 def test_demo_refuses_nonsense_sizes() -> None:
     out = run("demo", "--threads", "0")
     assert out.returncode == 2 and "at least 1" in out.stderr
+
+
+# -- errors, Ctrl-C, help, gc, tail wal3, progress (issue 11.6) -------------------------
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).parents[2]
+WITHOUT = ("import sys; sys.modules[{module!r}] = None; from agent.cli import main; "
+           "sys.exit(main(sys.argv[1:]))")
+
+
+def one_line_failure(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    return out.stderr
+
+
+@pytest.mark.parametrize(("module", "args", "extra"), [
+    ("boto3", ("log", "inspect", "s3://bucket/log"), "cdc-agent[s3]"),
+    ("confluent_kafka", ("tail", "kafka", "--bootstrap", "127.0.0.1:1", "--topic", "t"),
+     "cdc-agent[kafka]"),
+    ("psycopg", ("demo", "--postgres", "host=127.0.0.1"), "cdc-agent[postgres]"),
+])
+def test_a_missing_extra_is_one_line_naming_it(module: str, args: tuple[str, ...],
+                                               extra: str) -> None:
+    """Without boto3, confluent-kafka or psycopg: exit 2 and the pip command to run."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT.format(module=module), *args],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert f"pip install '{extra}'" in one_line_failure(out)
+
+
+def test_unreachable_servers_are_one_line() -> None:
+    """PostgreSQL and S3 that nobody answers: exit 2, the problem and what to check."""
+    err = one_line_failure(run("demo", "--postgres", "host=127.0.0.1 port=9 dbname=x "
+                                                     "connect_timeout=5", "--batches", "5"))
+    assert "cannot use PostgreSQL" in err and "check the DSN" in err
+    err = one_line_failure(run("log", "inspect", "s3://key:secret@bucket/log", "--endpoint-url",
+                               "http://127.0.0.1:9"))
+    assert "cannot connect" in err
+
+
+def test_os_errors_are_one_line(tmp_path: Path) -> None:
+    """A log under a file, a socket in a missing folder: exit 2 and one line."""
+    (tmp_path / "file").write_text("")
+    err = one_line_failure(run("demo", "--batches", "5", "--log", str(tmp_path / "file" / "x")))
+    assert "Not a directory" in err
+    out = run("sidecar", "--socket", str(tmp_path / "missing" / "s.sock"), "--log", "memory://")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert [json.loads(line)["level"] for line in out.stderr.splitlines()][-1] == "error"
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    """SIGINT in the middle of a long demo (once it reports progress): status 130."""
+    with subprocess.Popen([sys.executable, "-m", "agent.cli", "demo", "--batches", "10000000",
+                           "--log", "memory://"], cwd=ROOT, stderr=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        try:
+            assert "writers x" in proc.stderr.readline()
+            progress = proc.stderr.readline()
+            assert progress.startswith("  ... writing: ") and "write batches" in progress
+            proc.send_signal(signal.SIGINT)
+            status = proc.wait(30)
+            err = proc.stderr.read()
+        finally:
+            proc.kill()
+    assert status == 130
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def all_parsers() -> list[tuple[str, object]]:
+    from agent.cli import build_parser
+
+    found, todo = [], [("cdc-agent", build_parser())]
+    while todo:
+        name, parser = todo.pop()
+        found.append((name, parser))
+        for action in parser._actions:  # type: ignore[attr-defined]
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [(f"{name} {sub}", child) for sub, child in action.choices.items()]
+    return found
+
+
+def test_help_is_plain_text() -> None:
+    """No reStructuredText literals (``x``) in any command's --help."""
+    parsers = all_parsers()
+    assert len(parsers) >= 10
+    for name, parser in parsers:
+        text = parser.format_help()  # type: ignore[attr-defined]
+        assert "``" not in text, name
+    out = run("log", "verify", "--help")
+    assert out.returncode == 0 and "``" not in out.stdout and "scrub, then replay" in out.stdout
+
+
+@pytest.fixture
+def small_log(tmp_path: Path) -> Path:
+    from agent import Agent, MemoryStore
+    from agent._workload import Workload
+    from sinks.wal3 import open_log_sink
+
+    log = tmp_path / "log"
+    agent = Agent(MemoryStore(), open_log_sink(log.as_uri()))
+    for seed in range(3):
+        Workload(threads=2, batches=20, seed=seed).run(agent)
+        agent.flush()
+    agent.close()
+    return log
+
+
+def test_gc_with_nothing_to_do_says_why(small_log: Path) -> None:
+    """No cursor: it points at --keep-at-least; a cutoff below every whole fragment:
+    it says so. Both exit 0 and delete nothing."""
+    out = run("log", "gc", str(small_log))
+    assert out.returncode == 0
+    assert "nothing to collect" in out.stdout and "--keep-at-least" in out.stdout
+    out = run("log", "gc", str(small_log), "--keep-at-least", "1")
+    assert out.returncode == 0 and "no whole fragment lies below it" in out.stdout
+
+
+def expected_changesets(log: Path) -> list[dict[str, object]]:
+    from agent._cli_tail import changeset_json
+    from replay import Assembler
+    from sinks.wal3 import read_log
+
+    return [json.loads(json.dumps(changeset_json(c)))
+            for c in Assembler().changesets(read_log(log.as_uri()))]
+
+
+def test_tail_wal3_prints_every_changeset_and_resumes(small_log: Path) -> None:
+    """`tail wal3 PATH --until-end` prints the Assembler's changesets as JSON lines;
+    `--position` of line k resumes with line k+1."""
+    expected = expected_changesets(small_log)
+    assert len(expected) > 10
+    out = run("tail", "wal3", str(small_log), "--until-end")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines == expected
+    k = len(lines) // 2
+    out = run("tail", "wal3", small_log.as_uri(), "--until-end", "--position",
+              str(lines[k]["position"]))
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == lines[k + 1:]
+
+
+@pytest.mark.timeout(90)
+def test_tail_wal3_follows_new_records(tmp_path: Path, small_log: Path) -> None:
+    """Without --until-end it waits, and prints what is appended later, once."""
+    from agent import Agent, MemoryStore
+    from sinks.wal3 import open_log_sink
+
+    before = len(expected_changesets(small_log))
+    with subprocess.Popen([sys.executable, "-m", "agent.cli", "tail", "wal3", str(small_log),
+                           "--poll", "0.1"], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        try:
+            for _ in range(before):
+                proc.stdout.readline()
+            agent = Agent(MemoryStore(), open_log_sink(small_log.as_uri()))
+            agent.set("late", 1, "c", "appended")
+            agent.close()
+            line = json.loads(proc.stdout.readline())
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        finally:
+            proc.kill()
+    assert line["changes"] == [{"table": "late", "row": 1, "column": "c", "after": "appended"}]
+    assert len(expected_changesets(small_log)) == before + 1
+
+
+def test_progress_reports_only_long_work() -> None:
+    """A line every interval while the block runs, none for a short block."""
+    import io
+
+    from agent._cli_progress import Progress
+
+    out = io.StringIO()
+    with Progress("working", lambda: "3 of 4 things", every=0.05, out=out):
+        time.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and lines[0].startswith("  ... working: 3 of 4 things (")
+    quiet = io.StringIO()
+    with Progress("working", lambda: "x", every=5, out=quiet):
+        pass
+    assert quiet.getvalue() == ""
+    assert os.environ is not None

@@ -77,3 +77,93 @@ def test_memory_config_gives_memory_store_and_sink(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "[store]\nkind = 'memory'\n[sink]\nkind = 'memory'\n"))
     assert isinstance(config.open_store(), MemoryStore)
     assert isinstance(config.open_sink(), MemorySink)
+
+
+# -- environment variables (issue 11.4) ---------------------------------------------------
+
+
+def test_environment_overrides_the_file_typed_like_its_keys(tmp_path: Path) -> None:
+    """CDC_AGENT_<SECTION>__<KEY> replaces the file's value, converted to the type the key
+    has there (int stays int, float float, bool bool); [sink.config] keys take dots."""
+    path = write(tmp_path, "[agent]\nmax_queue = 8\nmax_quiescence_interval = 2.5\n"
+                           "[sink]\nkind = 'kafka'\nbootstrap = 'a:1'\ntopic = 't'\n"
+                           "partitions = 3\n[sink.config]\n'linger.ms' = 5\n"
+                           "'enable.idempotence' = false\n")
+    config = load_config(path, environ={
+        "CDC_AGENT_AGENT__MAX_QUEUE": "16", "CDC_AGENT_AGENT__MAX_QUIESCENCE_INTERVAL": "7",
+        "CDC_AGENT_SINK__TOPIC": "2024", "CDC_AGENT_SINK__PARTITIONS": "6",
+        "CDC_AGENT_SINK__CONFIG__LINGER_MS": "50",
+        "CDC_AGENT_SINK__CONFIG__ENABLE_IDEMPOTENCE": "true",
+        "PATH": "/bin", "CDC_AGENTX": "not ours",
+    })
+    assert config.agent == {"max_queue": 16, "max_quiescence_interval": 7.0}
+    assert type(config.agent["max_quiescence_interval"]) is float
+    assert config.sink["topic"] == "2024" and config.sink["partitions"] == 6
+    assert config.sink["config"] == {"linger.ms": 50, "enable.idempotence": True}
+    assert config.where("sink", "topic") == "environment variable CDC_AGENT_SINK__TOPIC"
+
+
+def test_environment_alone_chooses_the_sink(tmp_path: Path) -> None:
+    """Without a file, the variables build the whole configuration; a new key of no
+    known type reads as a TOML value (6, true) or else as text."""
+    config = load_config(None, environ={"CDC_AGENT_SINK__KIND": "wal3",
+                                        "CDC_AGENT_SINK__URI": str(tmp_path / "log"),
+                                        "CDC_AGENT_CONSUMER__COMMIT_EVERY": "10",
+                                        "CDC_AGENT_CONSUMER__GROUP_ID": "g-1"})
+    assert config.sink_given
+    assert config.sink == {"kind": "wal3", "uri": (tmp_path / "log").as_uri()}
+    assert config.consumer == {"commit_every": 10, "group_id": "g-1"}
+    assert not load_config(None, environ={}).sink_given
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("CDC_AGENT_SINKK__URI", "x", "environment variable CDC_AGENT_SINKK__URI: not a "
+                                  "configuration key"),
+    ("CDC_AGENT_URI", "x", "environment variable CDC_AGENT_URI: not a configuration key"),
+    ("CDC_AGENT_AGENT__SPEED", "1", "CDC_AGENT_AGENT__SPEED: speed is not an agent option"),
+    ("CDC_AGENT_AGENT__MAX_QUEUE", "lots", "CDC_AGENT_AGENT__MAX_QUEUE='lots': expected int"),
+    ("CDC_AGENT_AGENT__MAX_QUEUE", "-4", "environment variable CDC_AGENT_AGENT__MAX_QUEUE = "
+                                         "-4 must be positive"),
+])
+def test_bad_environment_variables_are_named(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(None, environ={name: value})
+
+
+def test_unknown_sink_option_from_the_environment_is_named(tmp_path: Path) -> None:
+    """A key the sink does not take is caught before the sink is built, naming the
+    variable that set it (or the file and key)."""
+    path = write(tmp_path, f"[sink]\nkind = 'wal3'\nuri = '{tmp_path}/log'\n")
+    config = load_config(path, environ={"CDC_AGENT_SINK__COLOUR": "blue"})
+    with pytest.raises(ConfigError, match=r"environment variable CDC_AGENT_SINK__COLOUR is "
+                                          r"not an option of \[sink\] kind = 'wal3'"):
+        config.open_sink()
+    assert not (tmp_path / "log").exists()  # refused before anything was created
+
+
+def test_environment_is_ignored_when_told(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.environ applies by default; environ={} reads the file alone."""
+    monkeypatch.setenv("CDC_AGENT_AGENT__MAX_QUEUE", "32")
+    path = write(tmp_path, "[agent]\nmax_queue = 8\n")
+    assert load_config(path).agent == {"max_queue": 32}
+    assert load_config(path, environ={}).agent == {"max_queue": 8}
+
+
+def test_plain_paths_are_file_uris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wal3 uri without a scheme is a folder: relative to the configuration file in
+    the file, to the current folder in a variable; URIs stay as they are."""
+    sub = tmp_path / "etc"
+    sub.mkdir()
+    path = sub / "agent.toml"
+    path.write_text("[sink]\nkind = 'wal3'\nuri = 'logs/shop'\n")
+    assert load_config(path, environ={}).sink["uri"] == (sub / "logs" / "shop").as_uri()
+    monkeypatch.chdir(tmp_path)
+    config = load_config(path, environ={"CDC_AGENT_SINK__URI": "here"})
+    assert config.sink["uri"] == (tmp_path / "here").as_uri()
+    config = load_config(path, environ={"CDC_AGENT_SINK__URI": "s3://b/p"})
+    assert config.sink["uri"] == "s3://b/p"
+    log = load_config(path, environ={"CDC_AGENT_SINK__URI": str(tmp_path / "log")})
+    sink = log.open_sink()
+    sink.close()
+    assert (tmp_path / "log" / "manifest").is_dir()

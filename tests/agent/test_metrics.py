@@ -128,6 +128,21 @@ def test_an_embedding_application_reads_the_registry_it_passed_in() -> None:
     second.close()
 
 
+def test_agent_snapshot_progress_is_counted() -> None:
+    metrics = CaptureMetrics()
+    store = MemoryStore()
+    agent = Agent(store, MemorySink(), metrics=metrics)
+    for i in range(25):
+        agent.set("t", i, "a", i)
+    steps: list[Any] = []
+    agent.snapshot(chunk_rows=10, progress=steps.append)
+    assert steps, "the caller's progress callback is still called"
+    assert _value(metrics.registry, "cdc_snapshot_cells_total") == 25
+    assert _value(metrics.registry, "cdc_snapshot_chunks_total") == len(steps) >= 3
+    assert _value(metrics.registry, "cdc_snapshot_running") == 0
+    agent.close()
+
+
 def test_sink_errors_are_counted_by_kind() -> None:
     metrics = CaptureMetrics()
     sink = StallingSink()

@@ -111,7 +111,8 @@ _events = st.lists(st.one_of(
 def _requests(draw: st.DrawFn) -> dict[str, Any]:
     message: dict[str, Any] = {}
     message["op"] = draw(st.one_of(st.sampled_from(["ping", "events", "close", "hello",
-                                                    "flush", "open", "bogus"]), _json))
+                                                    "flush", "open", "health", "bogus"]),
+                                   _json))
     if draw(st.booleans()):
         message["id"] = draw(_ids)
     if draw(st.booleans()):
@@ -120,6 +121,8 @@ def _requests(draw: st.DrawFn) -> dict[str, Any]:
         message["events"] = draw(st.one_of(_events, _json))
     if draw(st.booleans()):
         message["protocol"] = draw(st.one_of(st.just(1), _json))
+    if draw(st.booleans()):
+        message["durable"] = draw(st.one_of(st.booleans(), _json))
     if draw(st.booleans()):
         message[draw(st.text(max_size=4))] = draw(_json)
     return message

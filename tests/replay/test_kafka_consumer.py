@@ -74,7 +74,9 @@ def _consumer(messages: list[_Message], partitions: int) -> KafkaConsistentConsu
     consumer._failure = None
     consumer._hide = None
     consumer.topic = "t"
-    consumer.log = KafkaLog(partitions)
+    consumer.log = KafkaLog(partitions, bulk=True)
+    consumer.max_waiting_epochs = 0
+    consumer._paused = []
     return consumer
 
 
@@ -112,3 +114,56 @@ def test_a_poll_that_meets_damage_hands_out_the_good_changesets_first(run: Run) 
         consumer.poll(0)
     with pytest.raises(InconsistentLog, match="setsum"):
         consumer.poll(0)  # stays failed: nothing after the damage can be verified
+
+
+class _PausingConsumer(_FakeConsumer):
+    """Hands out messages of unpaused partitions only, like librdkafka after pause()."""
+
+    def __init__(self, messages: list[_Message]) -> None:
+        super().__init__(messages)
+        self.paused: set[int] = set()
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def consume(self, limit: int, timeout: float) -> list[_Message]:
+        taken = [m for m in self.messages if m.partition_ not in self.paused][:limit]
+        ids = {id(m) for m in taken}
+        self.messages = [m for m in self.messages if id(m) not in ids]
+        return taken
+
+    def pause(self, partitions: list[Any]) -> None:
+        self.paused |= {tp.partition for tp in partitions}
+        self.calls.append(("pause", sorted(tp.partition for tp in partitions)))
+
+    def resume(self, partitions: list[Any]) -> None:
+        self.paused -= {tp.partition for tp in partitions}
+        self.calls.append(("resume", sorted(tp.partition for tp in partitions)))
+
+
+def test_partitions_far_ahead_are_paused_until_the_others_catch_up(run: Run) -> None:
+    """librdkafka hands partition 0 over whole first: once too many epochs wait, it is
+    paused; partition 1 catches up, partition 0 resumes; every changeset comes out."""
+    import confluent_kafka
+
+    topic = simulate_topic(run.items, 2, "native")
+    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
+                for i, (k, v, h) in enumerate(msgs)]  # all of partition 0 first
+    consumer = _consumer(messages, 2)
+    fake = consumer._consumer = _PausingConsumer(messages)  # type: ignore[assignment]
+    consumer._ck = confluent_kafka
+    consumer.partitions = 2
+    consumer.max_waiting_epochs = 20
+    got = []
+    most_waiting = 0
+    for _ in range(10_000):
+        got += consumer.poll(0, max_messages=7)
+        most_waiting = max(most_waiting, consumer.log.waiting_epochs())
+        if not fake.messages:
+            break
+    got += consumer.poll(0)
+    assert fake.calls[0] == ("pause", [0]) and ("resume", [0]) in fake.calls
+    assert most_waiting <= 20 + 7  # one poll's worth beyond the bound
+    want = KafkaLog(2)
+    expected = [c for m in messages
+                for c in want.feed(m.partition_, m.offset_, m.key_, m.value_, m.headers_)]
+    assert [(c.epoch_seq, c._changes) for c in got] == [
+        (c.epoch_seq, c._changes) for c in expected]

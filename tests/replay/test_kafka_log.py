@@ -139,3 +139,60 @@ def test_starting_mid_domain_without_a_position_is_refused(run: Run) -> None:
     tail = [topic[0][markers[5] + 1 :]]
     with pytest.raises(InconsistentLog, match="middle of the domain"):
         Feeder(tail, random.Random(1)).feed(KafkaLog(1))
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_bulk_mode_equals_streaming_and_restarts_from_any_commit_point(
+        run: Run, partitions: int) -> None:
+    """KafkaLog(bulk=True) + drain() at random points: the same changesets as feed()
+    verifying each interval at once; and a restart from any changeset's commit point
+    (offsets + token) hands out exactly the changesets after it."""
+    topic = simulate_topic(run.items, partitions, "native")
+    streaming = [(c.epoch_seq, c._changes)
+                 for c in Feeder(topic, random.Random(4)).feed(KafkaLog(partitions))]
+    rng = random.Random(partitions)
+    bulk = KafkaLog(partitions, bulk=True)
+    feeder = Feeder(topic, random.Random(4))
+    got = []
+    total = sum(map(len, topic))
+    while sum(feeder.next) < total:
+        assert feeder.feed(bulk, limit=rng.choice([1, 5, 50, 400])) == []
+        got += bulk.drain()
+    assert [(c.epoch_seq, c._changes) for c in got] == streaming
+    points = list(bulk.commit_points)
+    assert [c for c, _ in points] == got
+    for index in range(0, len(got), 5):
+        _changeset, point = points[index]
+        state: dict = {}
+        for earlier in got[:index + 1]:
+            apply(state, earlier)
+        restarted = KafkaLog(partitions, bulk=True,
+                             assembler=Assembler(state, position=point.token))
+        for p, offset in point.offsets.items():
+            restarted.seek(p, offset)
+        resumed = Feeder(topic, random.Random(7),
+                         next=[point.offsets.get(p, 0) for p in range(partitions)])
+        resumed.feed(restarted)
+        after = restarted.drain()
+        assert [(c.epoch_seq, c._changes) for c in after] == streaming[index + 1:]
+        for c in after:
+            apply(state, c)
+        assert bits(state) == run.final
+
+
+def test_ahead_names_the_partitions_that_do_not_hold_the_cut_back(run: Run) -> None:
+    """Two partitions read whole, one not at all: many epochs wait, the two are ahead;
+    once the third is read, nothing waits."""
+    topic = simulate_topic(run.items, 3, "native")
+    log = KafkaLog(3, bulk=True)
+    for p in (0, 2):
+        for i, (key, value, headers) in enumerate(topic[p]):
+            log.feed(p, i, key, value, headers)
+    assert log.waiting_epochs() > 10
+    assert log.ahead() == [0, 2]
+    assert log.drain() == []
+    for i, (key, value, headers) in enumerate(topic[1]):
+        log.feed(1, i, key, value, headers)
+    assert log.drain()
+    assert log.waiting_epochs() == 0
+    assert log.ahead() == []

@@ -1,0 +1,184 @@
+"""The sidecar's baseline snapshot: two requests per chunk, and the client's loop.
+
+The sidecar never reads the store, so the client reads each chunk itself while the
+sidecar holds new batches back:
+
+| request | fields | reply fields |
+|---|---|---|
+| `snapshot_hold` | | `point`: [epoch_seq, end_id], once no batch is open |
+| `snapshot_chunk` | see below | `baseline`: the id to send with the next chunks |
+
+`snapshot_chunk` fields: `baseline` (null for the first chunk), `index` (0, 1, ...),
+`lo` and `hi` (bounds: null or [table, row or null]), `cells` ([[table, row, column,
+value], ...]), optional `cancel`: true (the chunk could not be read: let writers go).
+
+`snapshot_hold` holds new batches back (other connections' `open` waits) and answers
+once every open batch has closed; the client then lists the rows from `lo` (its store's
+``list_cells``) and sends them with `snapshot_chunk`, which records the chunk at that
+point and lets the writers go. A connection that ends while holding lets them go too.
+The last chunk (``hi`` null) is followed by a quiescence point the sidecar makes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from agent._baseline import CellChunk, PendingSnapshot, SnapshotProgress, _await_quiescent
+from agent.sidecar import _protocol as p
+from sequencer import ABSENT
+from sinks._snapshot_codec import Bound
+
+if TYPE_CHECKING:
+    from agent._agent import _Capture
+
+__all__ = ["SNAPSHOT_OPS", "SnapshotChunkRequest", "SnapshotHold", "client_snapshot",
+           "handle_snapshot", "parse_snapshot_request", "release_hold"]
+
+SNAPSHOT_OPS: Final = ("snapshot_hold", "snapshot_chunk")
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHold:
+    id: p.RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunkRequest:
+    id: p.RequestId
+    baseline: int | None
+    index: int
+    lo: Bound | None
+    hi: Bound | None
+    cells: list[tuple[str, Any, str, Any]]
+    cancel: bool = False  # the client could not read its chunk: let writers go, record nothing
+
+
+def _bound(message: dict[str, Any], name: str) -> Bound | None:
+    raw = message.get(name)
+    if raw is None:
+        return None
+    if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not str:
+        raise p.ProtocolError(p.BAD_REQUEST, f"snapshot_chunk \"{name}\" must be null or "
+                              "[table, row or null]")
+    return (raw[0], None if raw[1] is None else p.decode_row(raw[1]))
+
+
+def parse_snapshot_request(op: str, message: dict[str, Any], request_id: p.RequestId
+                           ) -> SnapshotHold | SnapshotChunkRequest:
+    """Check one snapshot request (``op`` is one of ``SNAPSHOT_OPS``)."""
+    if op == "snapshot_hold":
+        return SnapshotHold(request_id)
+    baseline, index, cells = message.get("baseline"), message.get("index"), message.get("cells")
+    if baseline is not None and type(baseline) is not str:
+        raise p.ProtocolError(p.BAD_REQUEST, "snapshot_chunk \"baseline\" is null for the "
+                              "first chunk, then the string the first reply gave")
+    if type(index) is not int or index < 0 or type(cells) is not list:
+        raise p.ProtocolError(p.BAD_REQUEST, "snapshot_chunk needs \"index\" (0, 1, ...) and "
+                              "\"cells\": a list of [table, row, column, value]")
+    decoded = []
+    for i, raw in enumerate(cells):
+        if type(raw) is not list or len(raw) != 4:
+            raise p.ProtocolError(p.BAD_REQUEST, f"cell {i}: a cell is [table, row, column, "
+                                  "value]")
+        table, row, column, value = raw
+        event = p._decode_event(i, [table, row, column, None, value])
+        if event[4] is ABSENT:
+            raise p.ProtocolError(p.BAD_VALUE, f"cell {i}: a snapshot lists present cells only")
+        decoded.append((event[0], event[1], event[2], event[4]))
+    try:
+        baseline_id = None if baseline is None else int(baseline, 16)
+    except ValueError:
+        raise p.ProtocolError(p.BAD_REQUEST, f"baseline {baseline!r} is not the id the "
+                              "sidecar gave") from None
+    return SnapshotChunkRequest(request_id, baseline_id, index, _bound(message, "lo"),
+                                _bound(message, "hi"), decoded, message.get("cancel") is True)
+
+
+async def handle_snapshot(capture: _Capture, holds: set[int], connection: object,
+                          request: SnapshotHold | SnapshotChunkRequest) -> bytes:
+    """Answer a snapshot request on the sidecar (``holds``: connections holding)."""
+    key = id(connection)
+    if type(request) is SnapshotHold:
+        if key in holds:
+            raise p.ProtocolError(p.BAD_REQUEST, "this connection already holds writers: "
+                                  "send its snapshot_chunk first")
+        capture._begin_hold()
+        holds.add(key)
+        try:
+            point = await _await_quiescent(capture)
+        except BaseException:
+            release_hold(capture, holds, connection)
+            raise
+        return p.encode_reply(request.id, point=list(point))
+    assert type(request) is SnapshotChunkRequest
+    if key not in holds:
+        raise p.ProtocolError(p.BAD_REQUEST, "send snapshot_hold first, then read the chunk "
+                              "from the store, then snapshot_chunk")
+    if request.cancel:
+        release_hold(capture, holds, connection)
+        return p.encode_reply(request.id, baseline=None)
+    try:
+        baseline = request.baseline if request.baseline is not None else capture._ids.next()
+        capture._shipper.put(PendingSnapshot(  # type: ignore[arg-type]
+            capture.domain_id, capture._last_point, baseline, request.index, request.lo,
+            request.hi, request.cells))
+    finally:
+        release_hold(capture, holds, connection)
+    if request.hi is None:  # a quiescence point after the last chunk
+        batch = await capture._aopen()
+        capture._close(batch)
+    return p.encode_reply(request.id, baseline=f"{baseline:016x}")
+
+
+def release_hold(capture: _Capture, holds: set[int], connection: object) -> None:
+    """Let writers go if ``connection`` holds them (also when it ends)."""
+    if id(connection) in holds:
+        holds.discard(id(connection))
+        capture._end_hold()
+
+
+def client_snapshot(call: Callable[..., dict[str, Any]], store: object, chunk_rows: int,
+                    progress: Callable[[SnapshotProgress], None] | None) -> dict[str, Any]:
+    """``SidecarClient.snapshot``: hold, list a chunk from the store, send it; repeat."""
+    lister = getattr(store, "list_cells", None)
+    if lister is None:
+        raise TypeError(f"{type(store).__name__} cannot list its cells: a baseline snapshot "
+                        "needs a store with list_cells(start, limit)")
+    baseline: str | None = None
+    start: Bound | None = None
+    index = cells = 0
+    longest = 0.0
+    while True:
+        call("snapshot_hold")
+        held = time.perf_counter()
+        try:
+            chunk: CellChunk = lister(start, chunk_rows)
+        except BaseException:
+            call("snapshot_chunk", baseline=baseline, index=index, cells=[], cancel=True)
+            raise
+        reply = call("snapshot_chunk", baseline=baseline, index=index, lo=_json_bound(start),
+                     hi=_json_bound(chunk.next),
+                     cells=[[t, p.encode_row(r), c, p.encode_value(v)]
+                            for t, r, c, v in chunk.cells])
+        hold = time.perf_counter() - held
+        longest = max(longest, hold)
+        baseline = str(reply["baseline"])
+        index += 1
+        cells += len(chunk.cells)
+        start = chunk.next
+        if progress is not None:
+            progress(SnapshotProgress(int(baseline, 16), index, cells, start, hold))
+        if start is None:
+            call("flush")
+            return {"baseline": baseline, "chunks": index, "cells": cells,
+                    "longest_hold": longest}
+
+
+def _json_bound(bound: Bound | None) -> list[Any] | None:
+    if bound is None:
+        return None
+    table, row = bound
+    return [table, None if row is None else p.encode_row(row)]

@@ -1,0 +1,122 @@
+"""The sidecar over a store that already holds data: the docs/sidecar.md example, with
+a baseline, then ``cdc-agent log verify`` on the wal3 log it wrote."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import MemoryStore
+from agent.sidecar import Sidecar, SidecarClient
+from replay import Assembler
+from sinks.wal3 import Wal3Sink, read_log
+from tests.agent._sidecar import Raw, short_dir
+from tests.helpers import bits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _serve(sidecar: Sidecar, path: Path) -> threading.Thread:
+    started = threading.Event()
+    thread = threading.Thread(
+        target=lambda: asyncio.run(sidecar.serve(path, started=started.set)), daemon=True)
+    thread.start()
+    assert started.wait(30)
+    return thread
+
+
+def _store() -> MemoryStore:
+    cells: dict[Any, Any] = {("accounts", i, "balance"): i * 10 for i in range(1, 60)}
+    cells |= {("accounts", 42, "note"): "vip", ("accounts", 1, "frozen"): False}
+    return MemoryStore(cells)
+
+
+def _session(tmp: Path, log_dir: Path, *, baseline: bool) -> dict[Any, bytes]:
+    store = _store()
+    sidecar = Sidecar(Wal3Sink(f"file://{log_dir}"))
+    sock = tmp / "agent.sock"
+    thread = _serve(sidecar, sock)
+    client = SidecarClient(str(sock), store)
+    if baseline:
+        report = client.snapshot(chunk_rows=16)
+        assert report["chunks"] == 4 and report["cells"] == 61
+    # The example of docs/sidecar.md.
+    with client.batch():
+        client.set("accounts", 42, "balance", 75)
+        client.delete("accounts", 42, "note")
+    client.set("accounts", 7, "balance", 0)
+    client.update("accounts", [1, 2], {"frozen": True})
+    client.conditional_set("accounts", {42: {"balance": (75, 80)}})
+    client.flush()
+    client.close()
+    sidecar.stop()
+    thread.join(30)
+    return bits(store.snapshot())
+
+
+def _verify(log_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "agent.cli", "log", "verify",
+                           f"file://{log_dir}"], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+def test_sidecar_example_over_a_prepopulated_store_verifies_with_a_baseline() -> None:
+    with short_dir() as tmp:
+        final = _session(tmp, tmp / "log", baseline=True)
+        result = _verify(tmp / "log")
+        assert result.returncode == 0, result.stderr
+        assert "OK" in result.stdout
+        snaps = list(Assembler().replay(read_log(f"file://{tmp / 'log'}")))
+        assert bits(snaps[-1].state) == final
+
+
+def test_without_a_baseline_verify_fails_as_the_issue_reported() -> None:
+    with short_dir() as tmp:
+        _session(tmp, tmp / "log", baseline=False)
+        result = _verify(tmp / "log")
+        assert result.returncode == 1
+        assert "did not replace the value the cell held" in result.stderr
+
+
+def test_a_client_gone_while_holding_lets_writers_go() -> None:
+    with short_dir() as tmp:
+        sidecar = Sidecar(Wal3Sink("memory://sidecar-hold"))
+        sock = tmp / "agent.sock"
+        thread = _serve(sidecar, sock)
+        holder = Raw(sock)
+        assert holder.call({"op": "snapshot_hold"})["ok"]
+        holder.close()  # dies before sending its chunk
+        writer = Raw(sock)
+        writer.sock.settimeout(10)
+        assert writer.open()  # would wait for the hold (and time out) otherwise
+        writer.close()
+        sidecar.stop()
+        thread.join(30)
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    ({"op": "snapshot_chunk", "baseline": None, "index": 0, "cells": []}, "snapshot_hold first"),
+    ({"op": "snapshot_chunk", "index": -1, "cells": []}, "needs \"index\""),
+    ({"op": "snapshot_chunk", "index": 0, "cells": [["t", 1, "c"]]}, "a cell is"),
+    ({"op": "snapshot_chunk", "index": 0, "cells": [], "lo": ["t"]}, "\"lo\" must be"),
+])
+def test_bad_snapshot_requests_are_refused_clearly(request_: dict[str, Any],
+                                                    message: str) -> None:
+    with short_dir() as tmp:
+        sidecar = Sidecar(Wal3Sink("memory://sidecar-bad"))
+        sock = tmp / "agent.sock"
+        thread = _serve(sidecar, sock)
+        raw = Raw(sock)
+        reply = raw.call(request_)
+        assert reply["ok"] is False and message in reply["message"]
+        raw.close()
+        sidecar.stop()
+        thread.join(30)

@@ -1,0 +1,246 @@
+"""The fast paths equal the reference paths, on random logs and on damaged ones.
+
+- ``Assembler.changesets`` (runs of intervals verified in one vectorised pass) against
+  ``Assembler.feed`` one record at a time (one interval at a time, the Z-set cancel-out):
+  the same changesets, then the same error.
+- ``net_changes`` (chains in (batch, seq) order) against ``cancel_out`` (the Z-set sum).
+- ``segment_digest_array`` against the setsum item written out from the codec's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import struct
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replay import Assembler, Changeset
+from replay._bulk import BrokenChain, cancel_out, net_changes
+from sequencer import EpochRecord
+from sinks.codec import SEGMENT_BITS, EventBatch, segment_digest_array, segment_digests
+from tests.sinks.kafka._simulate import Run, captured_run
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[Run]:
+    """Logs of 3 writer threads in overlapping batches (several epochs per interval):
+    two of the random workload (many tables, every kind of write), one of one table."""
+    from agent import Agent, MemoryStore
+    from sinks import RecordingSink
+
+    one_table = RecordingSink()
+    agent = Agent(MemoryStore(), one_table)
+
+    def write(offset: int) -> None:
+        for start in range(0, 300, 5):
+            with agent.batch():
+                for i in range(start, start + 5):
+                    agent.set("t", (offset + i * 7) % 40, "c", i)
+
+    import threading
+
+    workers = [threading.Thread(target=write, args=(w,)) for w in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    agent.close()
+    return [*(captured_run(seed=seed, threads=3, batches=50) for seed in (1, 2)),
+            Run(one_table.items, {}, {}, 900)]
+
+
+def _outcome(changesets: list[Changeset], error: BaseException | None) -> tuple[Any, ...]:
+    return ([(c.domain_id, c.epoch_seq, c.event_count, c._changes, c._before,
+              c.position.epoch_seq, c.position.end_id) for c in changesets],
+            None if error is None else (type(error).__name__, str(error)))
+
+
+def _streamed(items: list[Any]) -> tuple[Any, ...]:
+    assembler, out = Assembler(), []
+    try:
+        for item in items:
+            out += assembler.feed(item)
+        assembler.check_gaps()
+    except Exception as exc:
+        return _outcome(out, exc)
+    return _outcome(out, None)
+
+
+def _bulk(items: list[Any]) -> tuple[Any, ...]:
+    out: list[Changeset] = []
+    try:
+        out.extend(Assembler().changesets(items))
+    except Exception as exc:
+        return _outcome(out, exc)
+    return _outcome(out, None)
+
+
+def _with_event(batch: EventBatch, row: int, **change: bytes) -> EventBatch:
+    rows = batch.data.to_pylist()
+    rows[row] = {**rows[row], **change}
+    return EventBatch(pa.RecordBatch.from_pylist(rows, schema=batch.data.schema))
+
+
+def _damage(items: list[Any], kind: str, rng: random.Random) -> list[Any]:
+    items = list(items)
+    batches = [i for i, r in enumerate(items) if isinstance(r, EventBatch) and len(r)]
+    epochs = [i for i, r in enumerate(items) if isinstance(r, EpochRecord)]
+    if kind == "drop event":
+        i = rng.choice(batches)
+        rows = items[i].data.to_pylist()
+        del rows[rng.randrange(len(rows))]
+        items[i] = EventBatch(pa.RecordBatch.from_pylist(rows, schema=items[i].data.schema))
+    elif kind == "alter new":
+        i = rng.choice(batches)
+        items[i] = _with_event(items[i], rng.randrange(len(items[i])), new=b"\x04altered")
+    elif kind == "alter old":
+        i = rng.choice(batches)
+        items[i] = _with_event(items[i], rng.randrange(len(items[i])), old=b"\x02" + bytes(8))
+    elif kind == "duplicate batch":
+        i = rng.choice(batches)
+        after = next((j for j in epochs if j > i), len(items))
+        items.insert(rng.randint(i + 1, after), items[i])
+    elif kind == "drop epoch":
+        del items[rng.choice(epochs)]
+    elif kind == "forge count":
+        i = rng.choice(epochs)
+        items[i] = dataclasses.replace(items[i], event_count=items[i].event_count + 1)
+    elif kind == "forge tables":
+        i = rng.choice([j for j in epochs if items[j].table_counts] or epochs)
+        counts = list(items[i].table_counts) or [("t", 0)]
+        counts[0] = ("renamed", counts[0][1])
+        items[i] = dataclasses.replace(items[i], table_counts=tuple(counts))
+    elif kind == "forge setsum":
+        i = rng.choice(epochs)
+        items[i] = dataclasses.replace(items[i], setsum="1" * 64)
+    elif kind == "shuffle batches":
+        # Any order among the batches between two epoch records.
+        start = 0
+        for j in [*epochs, len(items)]:
+            block = items[start:j]
+            rng.shuffle(block)
+            items[start:j] = block
+            start = j + 1
+    return items
+
+
+_KINDS = ["none", "drop event", "alter new", "alter old", "duplicate batch", "drop epoch",
+          "forge count", "forge tables", "forge setsum", "shuffle batches"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(_KINDS), st.integers(0, 2), st.integers(0, 2**32),
+       st.sampled_from([None, 1, 7, 50]))
+def test_bulk_changesets_equal_one_interval_at_a_time(
+        runs: list[Run], kind: str, which: int, seed: int, drain_every: int | None) -> None:
+    """Same changesets, then the same InconsistentLog (message included), whatever the
+    damage, and however often the bulk path drains."""
+    import replay._assembler as assembler_module
+
+    items = _damage(runs[which].items, kind, random.Random(seed))
+    want = _streamed(items)
+    if drain_every is not None:
+        original = assembler_module._BULK_EVENTS
+        assembler_module._BULK_EVENTS = drain_every  # type: ignore[misc]
+        try:
+            got = _bulk(items)
+        finally:
+            assembler_module._BULK_EVENTS = original  # type: ignore[misc]
+    else:
+        got = _bulk(items)
+    assert got == want
+    if kind == "none":
+        assert want[1] is None and want[0]
+
+
+def _values() -> st.SearchStrategy[bytes]:
+    return st.sampled_from([b"", b"\x02a", b"\x02b", b"\x02c", b"\x00"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), _values(), _values()), max_size=30),
+       st.dictionaries(st.integers(0, 3).map(lambda k: b"k%d" % k), _values()),
+       st.data())
+def test_net_changes_equal_the_z_set_cancel_out(events: list[tuple[int, bytes, bytes]],
+                                                state: dict[bytes, bytes],
+                                                data: st.DataObject) -> None:
+    """Random events (chained, broken, looping), split into intervals: the same changes
+    per interval, or both refuse."""
+    n = len(events)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+    interval = np.searchsorted(np.array(cuts, dtype=np.int64), np.arange(n), side="right")
+    n_intervals = len(cuts) + 1
+    keys = pa.array([b"k%d" % k for k, _, _ in events], pa.binary())
+    old = pa.array([o for _, o, _ in events], pa.binary())
+    new = pa.array([w for _, _, w in events], pa.binary())
+    state = {k: v for k, v in state.items() if v}
+    reference = cancel_out(state, keys, old, new, interval.astype(np.int64), n_intervals)
+    fast = net_changes(state, keys, old, new, interval.astype(np.int64), n_intervals)
+    if isinstance(reference, BrokenChain):
+        assert isinstance(fast, BrokenChain)
+        return
+    assert not isinstance(fast, BrokenChain)
+    for i, result in enumerate(reference):
+        lo, hi = fast.bounds[i], fast.bounds[i + 1]
+        assert dict(zip(fast.keys[lo:hi], fast.finals[lo:hi], strict=True)) == result.changes
+        assert dict(zip(fast.keys[lo:hi], fast.initials[lo:hi], strict=True)) == result.before
+        assert fast.counts[i] == result.event_count
+
+
+def _spec_digests(data: pa.RecordBatch) -> list[tuple[int, int, bytes]]:
+    """The setsum items exactly as the codec's docstring lays them out, one at a time."""
+    rows = data.to_pylist()
+    out: list[tuple[int, int, bytes]] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        key = (rows[i]["domain_id"], rows[i]["batch_id"], rows[i]["seq"] >> SEGMENT_BITS)
+        while j < len(rows) and (rows[j]["domain_id"], rows[j]["batch_id"],
+                                 rows[j]["seq"] >> SEGMENT_BITS) == key:
+            j += 1
+        segment = rows[i:j]
+        item = b"CDCSEG1\x00" + struct.pack(">QQI", key[0], key[1], len(segment))
+        item += b"".join(struct.pack(">I", r["seq"]) for r in segment)
+        for name in ("table", "row", "column", "old", "new"):
+            raw = [r[name].encode() if isinstance(r[name], str) else r[name] for r in segment]
+            item += b"".join(struct.pack(">I", len(v)) for v in raw) + b"".join(raw)
+        out.append((key[0], key[1], hashlib.sha3_256(item).digest()))
+        i = j
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 3), st.integers(0, 3),
+                          st.text(max_size=3), st.binary(max_size=4), st.binary(max_size=4)),
+                max_size=25),
+       st.integers(1, 40))
+def test_segment_digest_array_matches_the_layout(
+        rows: list[tuple[int, int, int, str, bytes, bytes]], piece: int) -> None:
+    """Digests of every segment at once equal the layout's item hashed one by one, also
+    when the work is cut into pieces (segments of up to 2**16 seqs share a batch)."""
+    import sinks.codec as codec
+
+    events = sorted({(d, b, s << SEGMENT_BITS if s == 3 else s): (t, o, w)
+                     for d, b, s, t, o, w in rows}.items())
+    data = pa.RecordBatch.from_pylist(
+        [{"domain_id": d, "batch_id": b, "seq": s, "table": t or "t", "row": b"\x02" + o,
+          "column": "c", "old": o, "new": w} for (d, b, s), (t, o, w) in events],
+        schema=codec.EVENT_SCHEMA)
+    want = _spec_digests(data)
+    original, small = codec._ITEM_ROWS, codec._SMALL_ROWS
+    codec._ITEM_ROWS = piece  # type: ignore[misc]
+    codec._SMALL_ROWS = piece % 3 * 10  # type: ignore[misc]
+    try:
+        starts, digests = segment_digest_array(data)
+        assert list(segment_digests(data)) == want
+    finally:
+        codec._ITEM_ROWS = original  # type: ignore[misc]
+        codec._SMALL_ROWS = small  # type: ignore[misc]
+    assert [digests[32 * k:32 * k + 32] for k in range(len(starts))] == [d for *_, d in want]
