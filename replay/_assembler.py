@@ -319,7 +319,7 @@ class Assembler:
         A log may end in the middle of an interval (its tail is still being written);
         it may not skip an epoch.
         """
-        self._baselines.check_held()
+        self._baselines.check_held(self)
         for domain in self._domains.values():
             waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]
             if waiting:

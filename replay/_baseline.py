@@ -64,6 +64,7 @@ class _Track:
     # events are left to their chunk): their keys, sorted by row, found once.
     index: list[tuple[Any, bytes]] = field(default_factory=list)
     held: InconsistentLog | None = None
+    held_before: int = 0  # baselines completed when the failure was held
 
 
 class Baselines:
@@ -75,6 +76,7 @@ class Baselines:
         self.trusted = not fresh
         self._tracks: dict[int, _Track] = {}
         self.chunks_applied = 0
+        self.completed = 0  # baselines applied to their last chunk
         # Chunk changes not handed out yet: they go out with the next changeset (of any
         # domain), so every changeset keeps a position of its own (a replica skips a
         # repeated one), and a domain that ended mid-baseline strands nothing.
@@ -122,16 +124,30 @@ class Baselines:
         track = self._track(domain_id)
         if track.covered is not None:
             return False
-        track.held = exc
+        track.held, track.held_before = exc, self.completed
         log.warning("cdc.replay_waiting_for_baseline", domain_id=f"{domain_id:016x}",
                     error=str(exc))
         return True
 
-    def check_held(self) -> None:
-        """At the end of a log: a failure held for a baseline that never came."""
-        for track in self._tracks.values():
-            if track.held is not None:
+    def check_held(self, asm: Assembler) -> None:
+        """At the end of a log: a failure held for a baseline that never came.
+
+        A baseline of another domain completed after the failure was held supersedes
+        it: that baseline is the whole store at a point after the held domain's records
+        in the log (a crashed agent whose own baseline was cut short, and the restart's
+        baseline). The held domain's unverifiable intervals are dropped, never applied.
+        """
+        for domain_id, track in self._tracks.items():
+            if track.held is None:
+                continue
+            if self.completed <= track.held_before:
                 raise track.held
+            log.warning("cdc.replay_skipped_unverifiable", domain_id=f"{domain_id:016x}",
+                        error=str(track.held))
+            track.held, track.pending = None, []
+            domain = asm._domain(domain_id)
+            domain.epochs.clear()
+            domain.chunks, domain.loose = [], []
 
     def drain(self, asm: Assembler, domain: _Domain) -> list[Changeset]:
         """Apply intervals and chunks of ``domain`` in log order, as far as possible."""
@@ -228,6 +244,7 @@ class Baselines:
                 track.covered = None
                 track.index = []
                 self.trusted = True
+                self.completed += 1
             else:
                 assert hi is not None
                 track.covered = hi

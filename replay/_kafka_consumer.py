@@ -214,17 +214,25 @@ class KafkaConsistentConsumer:
             return
         waiting = self.log.waiting_epochs()
         ck = self._ck
-        if not self._paused and waiting > self.max_waiting_epochs:
-            ahead = self.log.ahead()
-            if ahead and len(ahead) < self.partitions:
-                self._consumer.pause([ck.TopicPartition(self.topic, p) for p in ahead])
-                self._paused = ahead
-                log.debug("kafka_partitions_paused", partitions=ahead, waiting_epochs=waiting)
-        elif self._paused and waiting <= self.max_waiting_epochs // 2:
-            self._consumer.resume([ck.TopicPartition(self.topic, p) for p in self._paused])
-            log.debug("kafka_partitions_resumed", partitions=self._paused,
+        paused = set(self._paused)
+        target: set[int] = set()
+        if waiting > self.max_waiting_epochs // 2:
+            ahead = set(self.log.ahead())
+            if len(ahead) < self.partitions:
+                # Keep paused only what is still ahead (a partition paused half way may
+                # be the one holding the cut back now); pause more past the bound.
+                target = ahead if waiting > self.max_waiting_epochs else paused & ahead
+        if target - paused:
+            self._consumer.pause([ck.TopicPartition(self.topic, p)
+                                  for p in sorted(target - paused)])
+            log.debug("kafka_partitions_paused", partitions=sorted(target - paused),
                       waiting_epochs=waiting)
-            self._paused = []
+        if paused - target:
+            self._consumer.resume([ck.TopicPartition(self.topic, p)
+                                   for p in sorted(paused - target)])
+            log.debug("kafka_partitions_resumed", partitions=sorted(paused - target),
+                      waiting_epochs=waiting)
+        self._paused = sorted(target)
 
     def _drop_hidden(self, changesets: list[Changeset]) -> list[Changeset]:
         """While rebuilding: drop changesets up to the position (and their commit points)."""

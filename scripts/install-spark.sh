@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Fetch the connector jars replay.spark uses with PySpark 4.1.1 (Delta Lake output, the
-# Kafka source) from Maven Central into .cache/spark/jars (ignored by git). PySpark
-# itself comes from PyPI (the `spark` extra); jars it already ships (Scala, Hadoop,
+# Install PySpark (the `spark` extra's pins, when missing: the extra is not in `all`, so
+# the runtime image stays without Spark), then fetch the connector jars replay.spark
+# uses with PySpark 4.1.1 (Delta Lake output, the Kafka source) from Maven Central into
+# .cache/spark/jars (ignored by git). Jars PySpark already ships (Scala, Hadoop,
 # Parquet, logging...) are removed from the cache so no class is loaded twice.
 #
 # Idempotent: does nothing when the jars of the pinned versions are already there.
 # Non-interactive (mvn -B, no stdin); works as root and with CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Keep in step with [project.optional-dependencies] spark in pyproject.toml.
+if ! python3 -c 'import pyspark, pandas' >/dev/null 2>&1; then
+  python3 -m pip install -q 'pyspark==4.1.1' 'pandas>=2.2,<3'
+fi
 
 pom=scripts/spark/pom.xml
 jars=.cache/spark/jars

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import threading
@@ -356,3 +357,35 @@ def test_two_async_baselines_at_once_are_refused() -> None:
         agent.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("restart_completes", [True, False])
+def test_a_crashed_domain_without_its_baseline_is_superseded_by_a_later_one(
+        restart_completes: bool) -> None:
+    """A crashed agent's write to a pre-existing cell reached the log, its baseline did
+    not: a fresh consumer cannot verify that domain. A later domain's completed baseline
+    (the restart's) supersedes it: its states are dropped, never applied, and the
+    consumer rebuilds the store from the baseline on. Without a completed baseline after
+    it, the failure stands."""
+    store = MemoryStore({("t", 1, "a"): 69, ("t", 2, "a"): 7})
+    first = MemorySink()
+    with Agent(store, first) as crashed:
+        crashed.set("t", 1, "a", "first")
+    second = _FailingSink(1) if not restart_completes else MemorySink()
+    restart = Agent(store, second)
+    try:
+        restart.snapshot(chunk_rows=1)
+        restart.set("t", 3, "a", "restarted")
+    except Exception:
+        assert not restart_completes
+    finally:
+        with contextlib.suppress(Exception):
+            restart.close()
+    records = list(first.records) + list(second.records)
+    if restart_completes:
+        snaps = list(Assembler().replay(records))
+        assert _bits(snaps[-1].state) == _bits(store.snapshot())
+        assert all(s.domain_id != first.records[0].domain_id for s in snaps)
+    else:
+        with pytest.raises(InconsistentLog, match="did not replace the value the cell held"):
+            list(Assembler().replay(records))

@@ -167,3 +167,30 @@ def test_partitions_far_ahead_are_paused_until_the_others_catch_up(run: Run) -> 
                 for c in want.feed(m.partition_, m.offset_, m.key_, m.value_, m.headers_)]
     assert [(c.epoch_seq, c._changes) for c in got] == [
         (c.epoch_seq, c._changes) for c in expected]
+
+
+def test_a_paused_partition_is_resumed_once_it_holds_the_cut_back(run: Run) -> None:
+    """Partitions 0 and 1 paused ahead of 2; partition 2 then passes 1 while 0 is still
+    far ahead: now 1 holds the cut back and must be resumed (kept paused, the consumer
+    would wait for ever with more than the bound waiting)."""
+    import confluent_kafka
+
+    topic = simulate_topic(run.items, 3, "native")
+    cut0, cut1 = len(topic[0]) * 3 // 5, len(topic[1]) // 5
+    order = [(0, 0, cut0), (1, 0, cut1), (2, 0, len(topic[2])), (1, cut1, len(topic[1])),
+             (0, cut0, len(topic[0]))]
+    messages = [_Message(p, i, *topic[p][i]) for p, lo, hi in order for i in range(lo, hi)]
+    consumer = _consumer(messages, 3)
+    fake = consumer._consumer = _PausingConsumer(messages)  # type: ignore[assignment]
+    consumer._ck = confluent_kafka
+    consumer.partitions = 3
+    consumer.max_waiting_epochs = 10
+    got = []
+    for _ in range(10_000):
+        got += consumer.poll(0, max_messages=200)
+        if not fake.messages:
+            break
+    got += consumer.poll(0)
+    assert not fake.messages, "a paused partition was never resumed"
+    assert any(call == "pause" for call, _ in fake.calls)
+    assert len(got) == len(run.at_quiescence)

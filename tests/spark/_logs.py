@@ -118,7 +118,7 @@ Message = EventBatch | EpochRecord
 
 def messages(uri: str) -> list[Message]:
     """The log's records in order, as the codec decodes them."""
-    return list(read_log(uri))
+    return [r for r in read_log(uri) if isinstance(r, EventBatch | EpochRecord)]
 
 
 def rewrite(path: Path, records: list[Message]) -> str:

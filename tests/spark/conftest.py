@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +24,13 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Logged:
     """2 domains x 2 writers x 40 batches: the base log the fault tests alter."""
     path: Path = tmp_path_factory.mktemp("spark-small") / "log"
     return write_log(path, domains=2, threads=2, batches=40, rows=30, seed=2)
+
+
+@pytest.fixture(scope="package")
+def small_replay(spark: Any, small: Logged) -> Iterator[Any]:
+    """One LogReplay of ``small`` shared by the tests that only read it."""
+    from replay.spark import LogReplay
+
+    replay = LogReplay(spark, small.uri)
+    yield replay
+    replay.unpersist()

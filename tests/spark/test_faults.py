@@ -15,6 +15,7 @@ import pytest
 from replay import InconsistentLog
 from replay.spark import LogReplay, UnsupportedRecord, to_state
 from sequencer import EpochRecord
+from sinks._setsum import Setsum
 from sinks.codec import EventBatch
 from sinks.wal3 import CorruptFragment, LogReader, Wal3Sink, fragment_path
 from tests.helpers import bits
@@ -215,3 +216,70 @@ def test_a_corrupt_fragment_is_refused(spark: Any, tmp_path: Path, small: Logged
     (copy / fragment.path).write_bytes(data)
     with pytest.raises(CorruptFragment, match=fragment.path.split("/")[-1]):
         LogReplay(spark, f"file://{copy}").verify()
+
+
+def _cell_events(records: list[Message]) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
+    """Each cell's events as (message index, row), in log order."""
+    cells: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for i, record in enumerate(records):
+        if isinstance(record, EventBatch):
+            d = record.data
+            for row in range(len(record)):
+                key = (d.column("table")[row].as_py(), d.column("row")[row].as_py(),
+                       d.column("column")[row].as_py())
+                cells.setdefault(key, []).append((i, row))
+    return cells
+
+
+def _with_true_setsum(records: list[Message], domain_id: int, epoch: EpochRecord
+                      ) -> list[Message]:
+    """Recompute ``epoch``'s setsum from the events as they now are (a forger's move)."""
+    from dataclasses import replace
+
+    from sinks.codec import segment_digests
+
+    digests = [digest for r in records if isinstance(r, EventBatch)
+               for d, b, digest in segment_digests(r.data)
+               if d == domain_id and epoch.covers(b)]
+    forged = replace(epoch, setsum=Setsum.of_digests(digests).hexdigest())
+    return [forged if r is epoch else r for r in records]
+
+
+def test_only_the_setsum_sees_a_changed_final_value(open_log: Any, base: list[Message]) -> None:
+    """The last write of a cell altered: the chain still holds, the setsum refuses it."""
+    last_point = {r.domain_id: r.epoch_seq for r in base
+                  if isinstance(r, EpochRecord) and r.quiescent}
+    for where in (w for _, w in sorted(_cell_events(base).items())):
+        i, row = where[-1]
+        batch = base[i]
+        assert isinstance(batch, EventBatch)
+        domain_id = batch.data.column("domain_id")[row].as_py()
+        epoch = _epoch_of(base, domain_id, batch.data.column("batch_id")[row].as_py())
+        if epoch.epoch_seq <= last_point[domain_id] and batch.data.column("new")[row].as_py():
+            break
+    assert isinstance(batch, EventBatch)
+    records = [*base[:i], _replace_row(batch, row, "new", b"\x04forged"), *base[i + 1:]]
+    with pytest.raises(InconsistentLog, match="setsum") as info:
+        open_log(records).verify()
+    assert (info.value.domain_id, info.value.epoch_seq) == (domain_id, epoch.epoch_seq)
+
+
+def test_the_cell_check_sees_a_broken_chain_under_a_forged_setsum(
+        open_log: Any, base: list[Message]) -> None:
+    """A middle write altered and its epoch's setsum recomputed: the cell check refuses
+    it, naming the cell."""
+    cell, where = next((c, w) for c, w in sorted(_cell_events(base).items()) if len(w) >= 3)
+    i, row = where[len(where) // 2]
+    batch = base[i]
+    assert isinstance(batch, EventBatch)
+    domain_id = batch.data.column("domain_id")[row].as_py()
+    epoch = _epoch_of(base, domain_id, batch.data.column("batch_id")[row].as_py())
+    records = [*base[:i], _replace_row(batch, row, "new", b"\x04forged"), *base[i + 1:]]
+    records = _with_true_setsum(records, domain_id, epoch)
+    with pytest.raises(InconsistentLog, match="cell state cannot be rebuilt") as info:
+        open_log(records).verify()
+    table, key, column = cell
+    from sinks.codec import decode_key
+
+    assert info.value.cell == (table, decode_key(key), column)
+    assert info.value.domain_id == domain_id

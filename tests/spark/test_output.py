@@ -31,11 +31,12 @@ def _apply(rows: list[Any]) -> dict[Any, bytes]:
 
 
 @pytest.mark.parametrize("format", ["delta", "parquet"])
-def test_changesets_written_twice_and_resumed_apply_once(spark: Any, small: Logged,
-                                                         tmp_path: Path, format: str) -> None:
+def test_changesets_written_twice_and_resumed_apply_once(
+        spark: Any, small: Logged, small_replay: LogReplay, tmp_path: Path,
+        format: str) -> None:
     """Write up to a middle point, rerun (nothing new), resume to the end, read back:
     every interval exactly once, and the table rebuilds the store's final state."""
-    replay = LogReplay(spark, small.uri)
+    replay = small_replay
     path = str(tmp_path / "changes")
     domain_id = next(iter(small.tables))
     points = [q for d, q in sorted(small.at_quiescence) if d == domain_id]
@@ -53,13 +54,13 @@ def test_changesets_written_twice_and_resumed_apply_once(spark: Any, small: Logg
     rows = table.collect()
     assert len(rows) == first + rest == replay.changesets().count()
     assert _apply(rows) == small.final
-    replay.unpersist()
 
 
 def test_state_written_to_delta_once_per_position(spark: Any, small: Logged,
+                                                  small_replay: LogReplay,
                                                   tmp_path: Path) -> None:
     """write_state: the same frontier twice writes once; read back, it is the store."""
-    replay = LogReplay(spark, small.uri)
+    replay = small_replay
     path = str(tmp_path / "state")
     assert write_state(replay, path, format="delta")
     assert not write_state(replay, path, format="delta")
@@ -69,4 +70,3 @@ def test_state_written_to_delta_once_per_position(spark: Any, small: Logged,
         str(replay.frontier())}
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
     assert versions == 1
-    replay.unpersist()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from replay import Position
-from replay.spark import LogReplay, changesets, events, snapshot, to_state, verify, wide
+from replay.spark import LogReplay, changesets, snapshot, to_state, verify, wide
 from sequencer import ABSENT
 from sinks.codec import decode_key, decode_value, encode_key, encode_value
 from tests.helpers import bits
@@ -111,7 +111,8 @@ def test_events_carry_metadata_and_ids_past_2_63(replay: LogReplay, logged: Logg
            .orderBy("_batch_id").select("_batch_id").collect()]
     assert ids[0] < 1 << 63 <= ids[-1] < 1 << 64
     assert ids == sorted(ids)
-    assert isinstance(e.select("_batch_id").first()[0], Decimal)
+    first = e.select("_batch_id").first()
+    assert first is not None and isinstance(first[0], Decimal)
     ops = e.filter(e["_op"] == "c").select("old").distinct().collect()
     assert [bytes(r[0]) for r in ops] == [encode_value(ABSENT)]
 
@@ -126,11 +127,8 @@ def test_verify_reports_every_epoch(replay: LogReplay, logged: Logged) -> None:
 
 
 def test_module_functions(spark: Any, small: Logged) -> None:
-    """The public one-call functions give the same answers as the Python assembler."""
+    """The public one-call functions give the Python assembler's answers."""
     python = small.python_snapshots()
-    assert bits(to_state(snapshot(spark, small.uri))) == bits(python[-1].state)
-    assert verify(spark, small.uri).count() > 0
-    assert events(spark, small.uri).count() == small.events
     middle = python[len(python) // 2]
     at = Position(middle.domain_id, middle.epoch_seq, 0)
     mid = to_state(snapshot(spark, small.uri, at=str(at)))
@@ -139,6 +137,7 @@ def test_module_functions(spark: Any, small: Logged) -> None:
     after = changesets(spark, small.uri, start=str(at)).collect()
     assert after and all(r["_epoch"] > middle.epoch_seq for r in after
                          if r["_domain"] == middle.domain_id)
+    assert verify(spark, small.uri).count() > 0
 
 
 def test_wide_view_of_one_table(replay: LogReplay, logged: Logged) -> None:
