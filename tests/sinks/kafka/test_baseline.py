@@ -112,7 +112,7 @@ def test_baseline_through_a_broker(kafka_broker: KafkaBroker, kafka_topic: Any,
     """Agent (pre-populated store, writers running) -> KafkaSink -> consume_consistent
     with no initial state: every state after the baseline is the store's."""
     topic = kafka_topic(3)
-    sink = KafkaSink(kafka_broker.bootstrap, topic, encoding=encoding)
+    sink = KafkaSink(kafka_broker.bootstrap, topic, partitions=3, encoding=encoding)
     truth, report, final = _baseline_run(sink, 3, rows=60, chunk_rows=20, writers=1)
     changesets = list(consume_consistent(kafka_broker.bootstrap, topic,
                                          group_id=f"g-base-{encoding}", encoding=encoding,
