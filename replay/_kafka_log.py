@@ -34,10 +34,20 @@ from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from sequencer import EpochRecord, id_lt
 from sinks._setsum import Setsum
-from sinks.codec import CodecError, EventBatch, decode, encode_key, encode_value, segment_digests
+from sinks._snapshot_codec import SnapshotChunk
+from sinks.codec import (
+    MAGIC,
+    CodecError,
+    EventBatch,
+    decode,
+    encode_key,
+    encode_value,
+    segment_digests,
+)
 from sinks.kafka import _debezium
 from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
 from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_batch
+from sinks.kafka._snapshots import HEADER_SNAPSHOT
 
 __all__ = ["CommitPoint", "KafkaLog"]
 
@@ -176,6 +186,9 @@ class KafkaLog:
         self._open: list[deque[tuple[int, int, int, bool]]] = [
             deque() for _ in range(partitions)]
         self._first: dict[int, tuple[int, int]] = {}  # domain -> its first epoch's key
+        # Baseline chunks read before their quiescence point was fed: (domain, epoch) ->
+        # chunks, fed to the assembler right after that epoch (sinks.kafka._snapshots).
+        self._chunks: dict[tuple[int, int], list[SnapshotChunk]] = {}
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
@@ -215,6 +228,9 @@ class KafkaLog:
         marker = _marker_headers(headers)
         if marker is not None:
             return self._marker(partition, offset, *marker)
+        chunk = _snapshot_chunk(partition, offset, value, headers, self.encoding)
+        if chunk is not None:
+            return self._snapshot(partition, offset, chunk)
         if self.encoding == "debezium" and value is not None:
             try:
                 change = _debezium.decode_event(value)
@@ -311,6 +327,24 @@ class KafkaLog:
         self._open[partition].append((offset, domain, seq, True))
         return self._feed_complete(domain)
 
+    def _snapshot(self, partition: int, offset: int, chunk: SnapshotChunk) -> list[Changeset]:
+        """A baseline chunk: fed to the assembler right after its quiescence point, as
+        a wal3 log orders it (now if that point was fed, else once it is)."""
+        domain, seq = chunk.domain_id, chunk.epoch_seq
+        fed = self._fed.get(domain)
+        before_first = chunk.end_id == 0  # read before the domain's first quiescence point
+        if fed is not None and (before_first or seq < fed):
+            self.duplicates += 1  # its quiescence point is behind what was applied
+            return []
+        # Open until a changeset after its point is handed out (its differences go there).
+        self._open[partition].append((offset, domain, seq + 1, True))
+        if (fed is None and before_first) or seq == fed:
+            changesets = self.assembler.feed(chunk, defer=self._defer)
+            self._hand_out(changesets)
+            return changesets
+        self._chunks.setdefault((domain, seq), []).append(chunk)
+        return []
+
     def _feed_complete(self, domain: int) -> list[Changeset]:
         out: list[Changeset] = []
         while True:
@@ -329,6 +363,8 @@ class KafkaLog:
             for batch in epoch.batches:
                 self.assembler.feed(batch)
             changesets = self.assembler.feed(whole, defer=self._defer)
+            for chunk in self._chunks.pop((domain, whole.epoch_seq), ()):
+                changesets += self.assembler.feed(chunk, defer=self._defer)
             self._hand_out(changesets)
             out.extend(changesets)
 
@@ -419,6 +455,28 @@ def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None
     if not isinstance(part, EpochRecord) or not isinstance(whole, EpochRecord):
         raise InconsistentLog("an epoch marker header holds events, not an epoch record")
     return part, whole
+
+
+def _snapshot_chunk(partition: int, offset: int, value: bytes | None,
+                    headers: Sequence[tuple[str, bytes | None]] | None, encoding: str
+                    ) -> SnapshotChunk | None:
+    """The baseline chunk a message carries (``sinks.kafka._snapshots``), else None."""
+    raw = next((r for name, r in headers or () if name == HEADER_SNAPSHOT and r is not None),
+               None)
+    if raw is None and encoding == "native" and value is not None and value[:3] == MAGIC:
+        raw = value
+    if raw is None:
+        return None
+    try:
+        record = decode(raw)
+    except CodecError as exc:
+        raise InconsistentLog(f"partition {partition} offset {offset} holds a corrupt "
+                              f"snapshot message: {exc}") from exc
+    if not isinstance(record, SnapshotChunk):
+        raise InconsistentLog(f"partition {partition} offset {offset} holds a "
+                              f"{type(record).__name__} where a snapshot chunk or epoch "
+                              "marker belongs")
+    return record
 
 
 def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]

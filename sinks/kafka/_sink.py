@@ -12,6 +12,7 @@ import structlog
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed
+from sinks._snapshot_codec import SnapshotChunk
 from sinks.codec import EventBatch
 from sinks.kafka._builder import MessageBuilder
 from sinks.kafka._driver import confluent_kafka, quiet_logger
@@ -22,6 +23,7 @@ from sinks.kafka._errors import (
     KafkaSinkError,
     KafkaUnavailable,
 )
+from sinks.kafka._snapshots import snapshot_message
 
 __all__ = ["ENCODINGS", "KafkaSink"]
 
@@ -249,6 +251,15 @@ class KafkaSink:
         # Step 4.
         for key, value in transactions:
             self._produce_one(self.transaction_topic, value, key, 0, None)
+        self._producer.poll(0)
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        """Write a baseline chunk as one message in partition 0, after the epoch markers
+        of its quiescence point (``sinks.kafka._snapshots``); durable with ``flush()``."""
+        self._check_healthy()
+        message = snapshot_message(chunk, self.encoding)
+        self._produce_one(self.topic, message.value, message.key, message.partition,
+                          message.headers or None)
         self._producer.poll(0)
 
     def _produce_one(self, topic: str, value: bytes | None, key: bytes | None, partition: int,

@@ -14,8 +14,9 @@ from replay import Changeset
 from replay.kafka import KafkaLog
 from sequencer import ABSENT, EpochRecord
 from sinks import RecordingSink
-from sinks.codec import EventBatch
+from sinks.codec import EventBatch, SnapshotChunk
 from sinks.kafka._builder import MessageBuilder
+from sinks.kafka._snapshots import snapshot_message
 from tests.helpers import bits
 
 Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
@@ -41,13 +42,16 @@ def captured_run(seed: int, threads: int = 4, batches: int = 150) -> Run:
     return Run(sink.items, snaps, bits(store.snapshot()), agent.stats["events"])
 
 
-def simulate_topic(items: Sequence[EventBatch | EpochRecord], partitions: int,
+def simulate_topic(items: Sequence[EventBatch | EpochRecord | SnapshotChunk], partitions: int,
                    encoding: str) -> list[list[Message]]:
     """The messages of each partition of the data topic, in partition order."""
     builder = MessageBuilder(partitions, encoding)
     topic: list[list[Message]] = [[] for _ in range(partitions)]
     for item in items:
-        if isinstance(item, EventBatch):
+        if isinstance(item, SnapshotChunk):
+            chunk = snapshot_message(item, encoding)
+            topic[chunk.partition].append((chunk.key, chunk.value, chunk.headers or None))
+        elif isinstance(item, EventBatch):
             keys, values, parts = builder.events(item)
             for key, value, part in zip(keys, values, parts, strict=True):
                 topic[part].append((key, value, None))

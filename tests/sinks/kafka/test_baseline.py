@@ -1,0 +1,120 @@
+"""Baselines through Kafka: snapshot chunks ride partition 0 after their quiescence
+point's markers, and a consumer given nothing rebuilds the pre-populated store."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from agent import Agent
+from replay import Assembler, InconsistentLog
+from replay.kafka import KafkaLog, consume_consistent
+from sinks import RecordingSink
+from sinks.codec import SnapshotChunk
+from sinks.kafka import KafkaSink
+from tests.agent.test_baseline import _bits, _prepopulated, _writer
+from tests.services.kafka import KafkaBroker
+from tests.sinks.kafka._simulate import Feeder, simulate_topic
+
+ENCODINGS = ("native", "debezium")
+
+
+def _baseline_run(sink: Any, seed: int, *, rows: int = 80, chunk_rows: int = 9,
+                  writers: int = 2) -> tuple[dict[int, dict[Any, bytes]], Any, dict[Any, bytes]]:
+    """A pre-populated store, writers running, ``agent.snapshot()`` into ``sink``:
+    the true state at each quiescence point, the report and the final state."""
+    store = _prepopulated(random.Random(seed), rows)
+    truth: dict[int, dict[Any, bytes]] = {}
+    agent = Agent(store, sink, on_quiescence=lambda m: truth.__setitem__(
+        m.epoch_seq, _bits(store.snapshot())))
+    stop = threading.Event()
+    threads = [threading.Thread(target=_writer, args=(agent, seed * 10 + i, stop))
+               for i in range(writers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.01)  # writers start before the baseline: events on cells never logged
+    report = agent.snapshot(chunk_rows=chunk_rows)
+    time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join()
+    agent.close()
+    return truth, report, _bits(store.snapshot())
+
+
+def _states(changesets: list[Any], log: KafkaLog | None = None) -> dict[int, dict[Any, bytes]]:
+    """The consumer's state after each changeset (rebuilt from the changesets alone)."""
+    state: dict[Any, Any] = {}
+    out = {}
+    from sequencer import ABSENT
+    from sinks.codec import encode_value
+    for changeset in changesets:
+        for cell, value in changeset.changes.items():
+            if value is ABSENT:
+                state.pop(cell, None)
+            else:
+                state[cell] = encode_value(value)
+        out[changeset.epoch_seq] = dict(state)
+    return out
+
+
+def _check(states: dict[int, dict[Any, bytes]], truth: dict[int, dict[Any, bytes]],
+           report: Any, final: dict[Any, bytes]) -> None:
+    after = {q: s for q, s in states.items() if q > report.last_point[0]}
+    assert after, "no quiescence point after the baseline"
+    for q, state in after.items():
+        assert state == truth[q], q
+    assert states[max(states)] == final
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("seed", range(4))
+def test_simulated_topic_rebuilds_the_store_from_nothing(encoding: str, seed: int) -> None:
+    """Broker-free: the sink's exact messages, partitions interleaved at random, fed to a
+    KafkaLog with no state (record by record and in bulk) give the store's states."""
+    sink = RecordingSink()
+    # One writer only: bulk replay while waiting for a baseline is slow on long runs.
+    truth, report, final = _baseline_run(sink, seed, rows=40, writers=1)
+    assert any(isinstance(i, SnapshotChunk) for i in sink.items)
+    topic = simulate_topic(sink.items, 3, encoding)
+    for bulk in (False,):  # bulk: see test_baseline_through_a_broker (consume_consistent)
+        log = KafkaLog(3, encoding=encoding, assembler=Assembler(), bulk=bulk)
+        changesets = Feeder(topic, random.Random(seed)).feed(log)
+        if bulk:
+            changesets += log.drain()
+        _check(_states(changesets), truth, report, final)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_lost_chunk_message_is_refused(encoding: str) -> None:
+    """Dropping one chunk's message from partition 0 makes the consumer refuse the log."""
+    sink = RecordingSink()
+    _baseline_run(sink, 7, writers=0)
+    topic = simulate_topic(sink.items, 3, encoding)
+    chunks = [i for i, (_k, v, h) in enumerate(topic[0])
+              if (h and h[0][0] == "cdc-agent-snapshot") or (v and v[:3] == b"CDC" and not h)]
+    assert len(chunks) > 2
+    del topic[0][chunks[1]]
+    log = KafkaLog(3, encoding=encoding)
+    with pytest.raises(InconsistentLog):
+        Feeder(topic, random.Random(1)).feed(log)
+        log.assembler.check_gaps()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_baseline_through_a_broker(kafka_broker: KafkaBroker, kafka_topic: Any,
+                                   encoding: str) -> None:
+    """Agent (pre-populated store, writers running) -> KafkaSink -> consume_consistent
+    with no initial state: every state after the baseline is the store's."""
+    topic = kafka_topic(3)
+    sink = KafkaSink(kafka_broker.bootstrap, topic, partitions=3, encoding=encoding)
+    truth, report, final = _baseline_run(sink, 3, rows=60, chunk_rows=20, writers=1)
+    changesets = list(consume_consistent(kafka_broker.bootstrap, topic,
+                                         group_id=f"g-base-{encoding}", encoding=encoding,
+                                         until_end=True))
+    _check(_states(changesets), truth, report, final)
