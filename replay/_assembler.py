@@ -430,6 +430,18 @@ class Assembler:
             raise _identity_conflict(domain, data, conflict)
         changes, before = self._verify(domain, epochs, data)
         # Verified: apply, then move the position. Nothing above touched the state.
+        self._commit(domain, epochs, changes, rest, late)
+        last = epochs[-1]
+        keys = list(changes)
+        net = NetChanges(keys, list(changes.values()), [before[k] for k in keys],
+                         [0, len(keys)], [data.num_rows])
+        return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
+                         net, 0)
+
+    def _commit(self, domain: _Domain, epochs: list[EpochRecord], changes: dict[bytes, bytes],
+                rest: list[pa.RecordBatch], late: int) -> None:
+        """Apply a verified interval's net changes, keep the later epochs' events
+        (``rest``), and move the domain's applied point past ``epochs``."""
         state = self._state
         for key, final in changes.items():
             if final:
@@ -442,11 +454,6 @@ class Assembler:
             del domain.epochs[record.epoch_seq]
         last = epochs[-1]
         domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
-        keys = list(changes)
-        net = NetChanges(keys, list(changes.values()), [before[k] for k in keys],
-                         [0, len(keys)], [data.num_rows])
-        return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
-                         net, 0)
 
     # -- a run of intervals in one pass (the fast path) ------------------------------------
 

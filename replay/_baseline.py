@@ -303,18 +303,8 @@ class Baselines:
         if isinstance(result, BrokenChain):
             raise asm._cell_error(domain, epochs, inside, keys, result.key, result.why)
         changes, before = result[0].changes, result[0].before
-        state = asm._state
-        for key, final in changes.items():
-            if final:
-                state[key] = final
-            else:
-                state.pop(key, None)
-        asm.late_duplicates += late
-        domain.chunks = rest
-        for record in epochs:
-            del domain.epochs[record.epoch_seq]
+        asm._commit(domain, epochs, changes, rest, late)
         last = epochs[-1]
-        domain.applied_seq, domain.applied_end = last.epoch_seq, last.end_id
         return _changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
                           changes, before)
 
