@@ -11,7 +11,7 @@ import threading
 import time
 
 from agent import Agent, MemoryStore
-from bench._util import best_of, report
+from bench._util import best_of, report, write_overlapping_batches
 from replay import Assembler
 from sequencer import MonotonicIds
 from sinks import MemorySink
@@ -92,21 +92,7 @@ def bench_capture(threads: int, per_thread: int, batch_size: int) -> None:
 def make_log(events: int, batch_size: int, writers: int) -> list[object]:
     """An encoded log of ``events`` events from ``writers`` concurrent writers."""
     sink = MemorySink(keep_messages=True)
-    agent = Agent(MemoryStore(), sink)
-    per_writer = events // writers
-
-    def write(offset: int) -> None:
-        for start in range(0, per_writer, batch_size):
-            with agent.batch():
-                for i in range(start, min(start + batch_size, per_writer)):
-                    agent.set("t", (offset + i * 7) % 50_000, "c", i)
-
-    workers = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    agent.close()
+    write_overlapping_batches(Agent(MemoryStore(), sink), events, batch_size, writers)
     return sink.decoded_messages()  # type: ignore[return-value]
 
 

@@ -13,32 +13,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 from agent import Agent, MemoryStore
-from bench._util import best_of, report
+from bench._util import best_of, report, write_overlapping_batches
 from replay import Assembler
 
 
 def write_log(uri: str, events: int, batch_size: int, writers: int) -> None:
     from sinks.wal3 import Wal3Sink
 
-    agent = Agent(MemoryStore(), Wal3Sink(uri))
-    per_writer = events // writers
-
-    def write(offset: int) -> None:
-        for start in range(0, per_writer, batch_size):
-            with agent.batch():
-                for i in range(start, min(start + batch_size, per_writer)):
-                    agent.set("t", (offset + i * 7) % 50_000, "c", i)
-
-    workers = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    agent.close()
+    write_overlapping_batches(Agent(MemoryStore(), Wal3Sink(uri)), events, batch_size,
+                              writers)
 
 
 def main(argv: list[str] | None = None) -> None:
