@@ -22,9 +22,6 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent._scope import BatchScope
-
-if TYPE_CHECKING:
-    from agent._baseline import BaselineReport, SnapshotProgress
 from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
@@ -45,6 +42,7 @@ from sequencer import (
 from sinks import Sink
 
 if TYPE_CHECKING:
+    from agent._baseline import BaselineReport, SnapshotProgress
     from agent._metrics import CaptureMetrics
 
 __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
