@@ -87,11 +87,19 @@ def test_os_errors_are_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
+def interruptible() -> None:
+    """In the child before exec: SIGINT back to its default. A shell runs background jobs
+    (a CI runner may be one) with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so the Ctrl-C under test would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
     """SIGINT in the middle of a long demo (once it reports progress): status 130."""
     with subprocess.Popen([sys.executable, "-m", "agent.cli", "demo", "--batches", "10000000",
                            "--log", "memory://"], cwd=ROOT, stderr=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True) as proc:
+                          stdout=subprocess.PIPE, text=True,
+                          preexec_fn=interruptible) as proc:
         assert proc.stderr is not None
         try:
             assert "writers x" in proc.stderr.readline()
@@ -189,7 +197,8 @@ def test_tail_wal3_follows_new_records(tmp_path: Path, small_log: Path) -> None:
     before = len(expected_changesets(small_log))
     with subprocess.Popen([sys.executable, "-m", "agent.cli", "tail", "wal3", str(small_log),
                            "--poll", "0.1"], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=interruptible) as proc:
         assert proc.stdout is not None
         try:
             for _ in range(before):
