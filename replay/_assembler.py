@@ -415,6 +415,25 @@ class Assembler:
 
     def _advance(self, domain: _Domain) -> Changeset | None:
         """Apply the next quiescent interval of ``domain`` if all its epochs are here."""
+        interval = self._next_interval(domain)
+        if interval is None:
+            return None
+        epochs, data, rest, late = interval
+        changes, before = self._verify(domain, epochs, data)
+        # Verified: apply, then move the position. Nothing above touched the state.
+        self._commit(domain, epochs, changes, rest, late)
+        last = epochs[-1]
+        keys = list(changes)
+        net = NetChanges(keys, list(changes.values()), [before[k] for k in keys],
+                         [0, len(keys)], [data.num_rows])
+        return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
+                         net, 0)
+
+    def _next_interval(self, domain: _Domain
+                       ) -> tuple[list[EpochRecord], pa.Table, list[pa.RecordBatch], int] | None:
+        """The epochs of ``domain``'s next quiescent interval (None: not all here yet),
+        checked to tile, with its deduplicated events, the later epochs' events and the
+        count of late duplicates."""
         seq = domain.applied_seq + 1
         epochs: list[EpochRecord] = []
         while (record := domain.epochs.get(seq)) is not None:
@@ -428,15 +447,7 @@ class Assembler:
         data, rest, late, conflict = self._take_interval(domain, epochs[-1].end_id)
         if conflict is not None:
             raise _identity_conflict(domain, data, conflict)
-        changes, before = self._verify(domain, epochs, data)
-        # Verified: apply, then move the position. Nothing above touched the state.
-        self._commit(domain, epochs, changes, rest, late)
-        last = epochs[-1]
-        keys = list(changes)
-        net = NetChanges(keys, list(changes.values()), [before[k] for k in keys],
-                         [0, len(keys)], [data.num_rows])
-        return Changeset(domain.domain_id, last.epoch_seq, data.num_rows, domain.position(),
-                         net, 0)
+        return epochs, data, rest, late
 
     def _commit(self, domain: _Domain, epochs: list[EpochRecord], changes: dict[bytes, bytes],
                 rest: list[pa.RecordBatch], late: int) -> None:

@@ -269,22 +269,12 @@ class Baselines:
             _check_counts,
             _check_setsums,
             _flat,
-            _identity_conflict,
         )
 
-        seq = domain.applied_seq + 1
-        epochs = []
-        while (record := domain.epochs.get(seq)) is not None:
-            epochs.append(record)
-            if record.quiescent:
-                break
-            seq += 1
-        else:
+        interval = asm._next_interval(domain)
+        if interval is None:
             return None
-        asm._check_tiling(domain, epochs)
-        data, rest, late, conflict = asm._take_interval(domain, epochs[-1].end_id)
-        if conflict is not None:
-            raise _identity_conflict(domain, data, conflict)
+        epochs, data, rest, late = interval
         base = np.uint64(domain.applied_end)
         ends = np.array([(r.end_id - domain.applied_end) % (1 << 64) for r in epochs],
                         dtype=np.uint64)
