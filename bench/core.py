@@ -10,10 +10,9 @@ import argparse
 import threading
 import time
 
-from agent import Agent, MemoryStore
+from agent import Agent, MemoryStore, system_ids
 from bench._util import best_of, report, write_overlapping_batches
 from replay import Assembler
-from sequencer import MonotonicIds
 from sinks import MemorySink
 
 
@@ -25,7 +24,7 @@ def bench_ids(n: int) -> None:
             clock(boottime)
         return n
 
-    ids = MonotonicIds()
+    ids = system_ids()
 
     def monotonic() -> int:
         nxt = ids.next
@@ -42,6 +41,7 @@ class NullSink:
 
     def write_events(self, batch: object) -> None: ...
     def write_epoch(self, record: object) -> None: ...
+    def write_epochs(self, run: object) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
 

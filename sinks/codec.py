@@ -1,10 +1,11 @@
 """The record codec: the one definition of cdc-agent's bytes on the wire and on disk.
 
 Every sink and every reader (the Spark job included) encodes and decodes through this
-module. Layout, version 2 (version 1 is the same without kind 0x03; readers accept
-both, writers write 2):
+module. Layout, version 3 (version 2 is the same without kind 0x04, version 1 also
+without kind 0x03; readers accept all three, writers write 3, except that SNAPSHOT
+chunks, whose layout is unchanged, are still written as version 2):
 
-    message    := MAGIC "CDC" | version u8 (1 or 2) | kind u8 | payload
+    message    := MAGIC "CDC" | version u8 (1, 2 or 3) | kind u8 | payload
     kind 0x01  EVENTS: payload is an Arrow IPC stream of record batches of
                EVENT_SCHEMA (below), uncompressed.
     kind 0x02  EPOCH: payload is, big-endian,
@@ -30,6 +31,17 @@ both, writers write 2):
                then hold exactly its cells. ``setsum`` is the setsum of one item, the
                chunk digest (``chunk_digest``), so a baseline's setsum is the sum of its
                chunks'.
+
+    kind 0x04  EPOCHS (version 3): a run of epoch records, many in one message (an
+               automatic batch closes two epochs; one message each cost more than the
+               batch). Payload is an Arrow IPC stream of EPOCHS_SCHEMA, one row per
+               record, in log order; each row means what one EPOCH message means.
+               ``records(decode(message))`` expands it into ``EpochRecord``s.
+
+    EPOCHS_SCHEMA: domain_id uint64, epoch_seq uint64, begin_id uint64, end_id uint64,
+                   event_count uint64, quiescent bool, stream uint32 (null: a whole
+                   log's record), setsum fixed_size_binary(32),
+                   table_counts list<struct<table utf8, count uint64>> (by table name)
 
     SNAPSHOT_SCHEMA: table utf8, row binary (tagged key), column utf8,
                      value binary (tagged value, never ABSENT)
@@ -76,11 +88,13 @@ from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks._setsum import Setsum
 
 __all__ = [
+    "EPOCHS_SCHEMA",
     "EVENT_SCHEMA",
     "FORMAT_VERSION",
     "SNAPSHOT_SCHEMA",
     "SEGMENT_BITS",
     "CodecError",
+    "EpochRun",
     "EventBatch",
     "SnapshotChunk",
     "chunk_digest",
@@ -88,21 +102,24 @@ __all__ = [
     "decode_key",
     "decode_value",
     "encode_epoch",
+    "encode_epochs",
     "encode_events",
     "encode_key",
     "encode_keys",
     "encode_snapshot",
     "encode_value",
     "encode_values",
+    "records",
     "segment_digests",
 ]
 
 MAGIC: Final = b"CDC"
-FORMAT_VERSION: Final = 2
-READABLE_VERSIONS: Final = (1, 2)
+FORMAT_VERSION: Final = 3
+READABLE_VERSIONS: Final = (1, 2, 3)
 KIND_EVENTS: Final = 0x01
 KIND_EPOCH: Final = 0x02
 KIND_SNAPSHOT: Final = 0x03
+KIND_EPOCHS: Final = 0x04
 SEGMENT_BITS: Final = 16
 _SEGMENT_MAGIC: Final = b"CDCSEG1\x00"
 
@@ -324,8 +341,8 @@ def encode_epoch(record: EpochRecord) -> bytes:
     return b"".join(parts)
 
 
-def decode(message: bytes | memoryview) -> EventBatch | EpochRecord | SnapshotChunk:
-    """Decode one message, checking its magic and version."""
+def decode(message: bytes | memoryview) -> EventBatch | EpochRecord | SnapshotChunk | EpochRun:
+    """Decode one message, checking its magic and version (``records`` expands a run)."""
     raw = memoryview(message)
     if len(raw) < 5 or bytes(raw[:3]) != MAGIC:
         raise CodecError(f"not a cdc-agent message (starts {bytes(raw[:8])!r})")
@@ -343,6 +360,10 @@ def decode(message: bytes | memoryview) -> EventBatch | EpochRecord | SnapshotCh
         from sinks._snapshot_codec import decode_snapshot
 
         return decode_snapshot(raw[5:])
+    if kind == KIND_EPOCHS and version >= 3:
+        from sinks._epochs_codec import decode_epochs
+
+        return decode_epochs(raw[5:])
     raise CodecError(f"unknown message kind {kind:#x}")
 
 
@@ -564,9 +585,24 @@ def digests_setsum(digests: Sequence[bytes]) -> Setsum:
 
 # -- snapshot chunks (kind 0x03; the layout lives in sinks._snapshot_codec) -------------
 
+# -- epoch runs (kind 0x04; the layout lives in sinks._epochs_codec) ---------------------
+from sinks._epochs_codec import (  # noqa: E402 - it needs this module's constants above
+    EPOCHS_SCHEMA,
+    EpochRun,
+    encode_epochs,
+)
 from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above
     SNAPSHOT_SCHEMA,
     SnapshotChunk,
     chunk_digest,
     encode_snapshot,
 )
+
+
+def records(decoded: EventBatch | EpochRecord | SnapshotChunk | EpochRun,
+            ) -> list[EventBatch | EpochRecord | SnapshotChunk]:
+    """What a reader feeds on from one decoded message: an epoch run expanded into its
+    ``EpochRecord``s, anything else as itself (``for r in records(decode(m))``)."""
+    if type(decoded) is EpochRun:
+        return decoded.records()  # type: ignore[return-value]
+    return [decoded]  # type: ignore[list-item]
