@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -381,20 +382,20 @@ class Shipper:
 
 
 def _to_arrow(domain_id: int, segments: list[_BatchItem]) -> tuple[pa.RecordBatch, np.ndarray]:
-    """Encode the segments' events as one record batch; also return each one's length."""
-    events: list[PendingEvent] = []
-    for segment in segments:
-        events += segment[3]
-    lengths = np.fromiter((len(s[3]) for s in segments), np.int64, len(segments))
-    batch_ids = np.fromiter((s[0] for s in segments), np.uint64, len(segments))
-    seq_starts = np.fromiter((s[2] for s in segments), np.int64, len(segments))
+    """Encode the segments' events as one record batch; also return each one's length.
+
+    Transposed with ``zip`` and ``chain`` (C loops): no Python step per event."""
+    batch_ids, _epochs, seq_starts, lists, _closed = zip(*segments, strict=True)
+    lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+    events = list(chain.from_iterable(lists))
     n = len(events)
     offsets = np.cumsum(lengths) - lengths
     tables, rows, columns, olds, news = zip(*events, strict=True)
+    seqs = np.arange(n) - np.repeat(offsets - np.array(seq_starts, np.int64), lengths)
     arrays = [
         pa.array(np.full(n, domain_id, dtype=np.uint64)),
-        pa.array(np.repeat(batch_ids, lengths)),
-        pa.array((np.arange(n) - np.repeat(offsets - seq_starts, lengths)).astype(np.uint32)),
+        pa.array(np.repeat(np.array(batch_ids, np.uint64), lengths)),
+        pa.array(seqs.astype(np.uint32)),
         pa.array(tables, pa.utf8()),
         encode_keys(rows), pa.array(columns, pa.utf8()),
         encode_values(olds), encode_values(news),
