@@ -3,6 +3,7 @@ shipments cut the stream of segments and epoch closes."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -45,7 +46,7 @@ def test_tallies_equal_a_plain_recount_whatever_the_shipment_cuts(
     got: dict[int, tuple[bytes, int, list[tuple[str, int]]]] = {}
     expected_counts = Counter(e for e, _, tables in segments for _ in tables)
     bounds = sorted({0, len(stream), *[c for c in cuts if c < len(stream)]})
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         shipment = stream[lo:hi]
         segs = [s for kind, s in shipment if kind == "segment"]
         closed = [e for kind, e in shipment if kind == "close"]
