@@ -85,6 +85,10 @@ _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_open_agents)
 
 
+def _no_clock() -> int:
+    return 0
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -120,7 +124,9 @@ class _Capture:
         self.domain_id = domain_id if domain_id is not None else new_domain_id()
         self._sink = sink
         self._on_quiescence = on_quiescence
-        self._clock_ns = clock_ns
+        # The sequencer reads time only for forced quiescence: without it, feed 0
+        # rather than read a clock twice per batch.
+        self._clock_ns = clock_ns if max_quiescence_interval is not None else _no_clock
         self._ids = ids or system_ids()
         self._next_id = self._ids.next
         self._wait_timeout = quiescence_wait_timeout
@@ -226,7 +232,7 @@ class _Capture:
 
     def _open(self) -> _Batch:
         shipper = self._shipper
-        if shipper.error is not None or not shipper.has_room():
+        if shipper.error is not None or len(shipper.items) > shipper.max_queue:
             self._check_shipping()
             shipper.wait_for_room()  # a slow sink slows new batches (bounded)
         with self._cond:

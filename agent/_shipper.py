@@ -113,7 +113,8 @@ class Shipper:
         # A deque handed over under the GIL, not a queue.Queue: its lock convoys
         # between writers and the shipper cost more than the shipping itself.
         self._items: deque[object] = deque()
-        self._max_queue = max_queue
+        self.items = self._items  # read-only for the agent: its length is the backlog
+        self._max_queue = self.max_queue = max_queue
         self._idle = False
         self._wakeup = threading.Event()
         self._drained = threading.Condition(threading.Lock())

@@ -66,14 +66,13 @@ class MonotonicIds:
             acquire()
             last = state[0]
             # The compare-and-swap: the clock if it moved past the last id (the common
-            # case, returned at once), else last + 1 (or the clock for the first id).
-            if 0 < ((candidate - last) & mask) < half:
-                if candidate and last:
-                    state[0] = candidate
-                    release()
-                    return candidate
-                issued = candidate or 1
-            elif not last:
+            # case: plain integers, returned at once; then candidate > last >= 0, so it
+            # is not 0), else the modular cases below: last + 1, the wrap, the first id.
+            if last < candidate < last + half:
+                state[0] = candidate
+                release()
+                return candidate
+            if not last or 0 < ((candidate - last) & mask) < half:
                 issued = candidate or 1
             else:
                 issued = ((last + 1) & mask) or 1
