@@ -9,11 +9,12 @@ from sinks._log_routing import route_library_logs
 from sinks._memory import MemorySink, RecordingSink
 from sinks._protocol import Sink, SinkBackpressure, SinkClosed, SinkError, SinkTimeout
 from sinks._setsum import Setsum
-from sinks.codec import EventBatch, SnapshotChunk
+from sinks.codec import EpochRun, EventBatch, SnapshotChunk
 
 route_library_logs()  # events to the logging module, never stdout (sinks/_log_routing.py)
 
 __all__ = [
+    "EpochRun",
     "EventBatch",
     "MemorySink",
     "RecordingSink",
