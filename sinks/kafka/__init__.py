@@ -2,9 +2,9 @@
 
 May import ``sequencer`` and ``sinks``; confluent-kafka is imported lazily (install
 ``cdc-agent[kafka]``). Start with ``_sink.py`` (what is sent, in which order), then
-``_native.py`` / ``_debezium.py`` (the two encodings) and ``_markers.py`` /
-``_tally.py`` (how epoch records are split per partition). ``docs/kafka.md`` documents
-both encodings with examples; ``replay.kafka`` reads them back.
+``_builder.py`` (records to messages; the two encodings' bytes are in ``sinks.codec``)
+and ``_markers.py`` / ``_tally.py`` (how epoch records are split per partition).
+``docs/kafka.md`` documents both encodings with examples; ``replay.kafka`` reads them.
 """
 
 from sinks.kafka._errors import (

@@ -12,8 +12,7 @@ import structlog
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed
-from sinks._snapshot_codec import SnapshotChunk
-from sinks.codec import EventBatch
+from sinks.codec import EventBatch, SnapshotChunk
 from sinks.kafka._builder import MessageBuilder
 from sinks.kafka._driver import confluent_kafka, quiet_logger
 from sinks.kafka._errors import (
@@ -36,8 +35,8 @@ class KafkaSink:
 
     - Events: one message per event, in the partition of its cell
       (``crc32(key) mod partitions``), so one cell's events stay in order in one
-      partition. ``encoding`` is ``"native"`` (compact binary, ``sinks.kafka._native``)
-      or ``"debezium"`` (JSON envelopes, ``sinks.kafka._debezium``).
+      partition. ``encoding`` is ``"native"`` (compact binary)
+      or ``"debezium"`` (JSON envelopes); both are laid out in ``sinks.codec``.
     - Epoch records: one marker per partition, after that partition's events, with the
       partition's count, per-table counts and setsum (``sinks.kafka._markers``). In the
       Debezium encoding, ``BEGIN``/``END`` transaction records per write batch also go
