@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from agent._logging import configure_logging
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["register"]
 
