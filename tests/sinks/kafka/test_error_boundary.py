@@ -124,7 +124,7 @@ def test_admin_errors_are_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
 
     missing = SimpleNamespace(topics={})
     inject(monkeypatch)
-    calls = iter([missing, metadata(2)] * 4)
+    calls = iter([missing, missing, metadata(2), metadata(2)])
     monkeypatch.setattr(FakeClient, "__getattr__", _with_metadata(calls))
     codes = iter([ck.KafkaError.TOPIC_AUTHORIZATION_FAILED, ck.KafkaError.TOPIC_ALREADY_EXISTS])
 
