@@ -23,7 +23,7 @@ from typing import Any
 from agent._cli_progress import Progress
 from agent._config import uri_from_path
 from agent._logging import configure_logging
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["register"]
 
