@@ -33,8 +33,13 @@ import structlog
 from agent._tally import EpochTally
 from sequencer import EpochClosed, EpochRecord, RowKey
 from sinks import EventBatch, Sink, SinkBackpressure, SinkTimeout
-from sinks._epochs_codec import EpochRun, build_run
-from sinks.codec import EVENT_SCHEMA, encode_keys, encode_values, segment_digest_array
+from sinks.codec import (
+    EVENT_SCHEMA,
+    EpochRun,
+    encode_keys,
+    encode_values,
+    segment_digest_array,
+)
 
 if TYPE_CHECKING:
     from agent._metrics import CaptureMetrics
@@ -331,7 +336,7 @@ class Shipper:
             return
         columns = list(zip(*closed, strict=True))
         digests, offsets, names, counts = self._tally.take(columns[0], columns[3])
-        run = build_run(self._domain_id, columns, digests, offsets, names, counts)
+        run = EpochRun.from_columns(self._domain_id, columns, digests, offsets, names, counts)
         if self._write_epochs is not None:
             write_epochs = self._write_epochs
             self._call_sink("write_epoch", lambda: write_epochs(run), SinkBackpressure)

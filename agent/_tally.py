@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks._setsum import SETSUM_PRIMES
+from sinks import SETSUM_PRIMES
 
 __all__ = ["EpochTally", "TallyMismatch"]
 
