@@ -5,6 +5,7 @@ May import ``sequencer`` and ``sinks``; never ``agent``. Start with ``_assembler
 """
 
 from replay._assembler import Assembler, Changeset, Snapshot
+from replay._compaction import CompactionReport, checkpoint_log, collect_log, compact_log
 from replay._errors import InconsistentLog
 from replay._position import Frontier, InvalidPosition, Position
 from replay._postgres_replica import PostgresReplica, ReplicaError
@@ -12,6 +13,7 @@ from replay._postgres_replica import PostgresReplica, ReplicaError
 __all__ = [
     "Assembler",
     "Changeset",
+    "CompactionReport",
     "Frontier",
     "InconsistentLog",
     "InvalidPosition",
@@ -19,4 +21,7 @@ __all__ = [
     "PostgresReplica",
     "ReplicaError",
     "Snapshot",
+    "checkpoint_log",
+    "collect_log",
+    "compact_log",
 ]

@@ -43,6 +43,13 @@ from sinks.wal3._paths import fragment_path, parse_fragment_path, snapshot_path
 from sinks.wal3._reader import Limits, LogReader, Record, ScrubReport
 from sinks.wal3._seal import continue_log, seal_log
 from sinks.wal3._sink import Wal3Sink, open_log_sink, read_log
+from sinks.wal3._state import (
+    CorruptState,
+    NotARetainedPoint,
+    StateContention,
+    StateDelta,
+    StateIndex,
+)
 from sinks.wal3._writer import LogWriter, WriterOptions
 
 __all__ = [
@@ -53,6 +60,7 @@ __all__ = [
     "CorruptGarbage",
     "CorruptLog",
     "CorruptManifest",
+    "CorruptState",
     "Cursor",
     "CursorContention",
     "CursorStore",
@@ -73,6 +81,7 @@ __all__ = [
     "LogWriter",
     "Manifest",
     "NoSuchCursor",
+    "NotARetainedPoint",
     "Record",
     "ScrubReport",
     "ScrubSuccess",
@@ -80,6 +89,9 @@ __all__ = [
     "Snapshot",
     "SnapshotOptions",
     "SnapshotPointer",
+    "StateContention",
+    "StateDelta",
+    "StateIndex",
     "UninitializedLog",
     "Wal3Error",
     "Wal3Sink",
