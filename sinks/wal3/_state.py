@@ -44,7 +44,6 @@ retained records below ``limit``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import struct
@@ -467,8 +466,14 @@ def write_objects(log: LogStore, deltas: Iterable[StateDelta]) -> StateIndex:
 
 
 def _put_once(log: LogStore, path: str, data: bytes) -> None:
-    with contextlib.suppress(PreconditionFailed):  # the same content is there already
+    """Write a content-addressed object once. One already there holds the same bytes,
+    unless it was damaged: then it is written again (the name says what it must hold)."""
+    try:
         log.put_if_absent(path, data)
+    except PreconditionFailed:
+        found = log.get_or_none(path)
+        if found is None or found[0] != data:
+            log.put(path, data)
 
 
 def publish_index(log: LogStore, index: StateIndex, based_on: str | None) -> StateIndex:
