@@ -78,6 +78,11 @@ def positioned_at(records: list[tuple[int, Record]], point: int) -> Assembler:
     return asm
 
 
+def pending_epochs(asm: Assembler) -> dict[int, list[int]]:
+    """The epochs an assembler holds whose interval is not complete, per domain."""
+    return {d: sorted(dom.epochs) for d, dom in asm._domains.items() if dom.epochs}
+
+
 def bits(changeset: Changeset) -> tuple[Any, ...]:
     return (changeset.domain_id, changeset.epoch_seq, changeset.event_count,
             str(changeset.position), changeset._changes, changeset._before)
@@ -89,9 +94,11 @@ class Reference:
     def __init__(self, records: list[tuple[int, Record]], points: list[int]) -> None:
         self.records = records
         self.states: dict[int, tuple[dict[bytes, bytes], str]] = {}
+        self.pending: dict[int, dict[int, list[int]]] = {}
         for point in points:
             asm = positioned_at(records, point)
             self.states[point] = (dict(asm._state), frontier_of(asm))
+            self.pending[point] = pending_epochs(asm)
         newest = points[-1]
         asm = positioned_at(records, newest)
         self.after_newest = [bits(c) for c in asm.changesets(
@@ -111,6 +118,7 @@ def read_compacted(objs: InMemoryObjectStore, reader: Assembler, ref: Reference,
         reader.feed(delta)
         if delta.hi in ref.states and (from_offset is None or delta.hi >= from_offset):
             assert (reader._state, frontier_of(reader)) == ref.states[delta.hi], delta.hi
+            assert pending_epochs(reader) == ref.pending[delta.hi], delta.hi
     assert [bits(c) for c in reader.changesets(rest)] == ref.after_newest
     assert reader._state == ref.final
 
@@ -163,7 +171,8 @@ def test_every_retained_point_reads_the_same_after_compaction(
             list(stranger.changesets(read_log(objs, from_offset=points[0])))
 
 
-@settings(max_examples=8, deadline=None, phases=_PHASES, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, phases=_PHASES,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), threads=st.integers(1, 3),
        fraction=st.floats(0.0, 1.0))
 def test_gc_then_read_log_from_the_checkpoint_equals_the_uncompacted_replay(
