@@ -88,6 +88,7 @@ def _inspect(args: argparse.Namespace) -> int:
         positions = {name: w.cursor.position for name in cursors.list()
                      if (w := cursors.load(name)) is not None}
         garbage, _ = GarbageCollector(reader.store).load_garbage()
+        state = _state_summary(reader, manifest)
     except (Wal3Error, ValueError) as exc:
         return _fail_open(args, exc)
     problems = manifest.problems()
@@ -107,6 +108,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "root_fragments": len(manifest.fragments),
         "cursors": positions,
         "gc_in_progress": not garbage.is_empty(),
+        "state": state,
         "manifest_problems": problems,
     }
     if args.json:
@@ -115,6 +117,19 @@ def _inspect(args: argparse.Namespace) -> int:
         for key, value in info.items():
             print(f"{key:<18} {value}")
     return 1 if problems else 0
+
+
+def _state_summary(reader: Any, manifest: Any) -> dict[str, Any] | None:
+    """The published checkpoint and stripes at a glance (None: there are none)."""
+    from sinks.wal3._state import load_index
+
+    index = load_index(reader.store, manifest)
+    if index is None:
+        return None
+    return {"index": index.path, "retained_points": index.points,
+            "checkpoint_cells": index.entries[0].cells,
+            "stripe_cells": [e.cells for e in index.entries[1:]],
+            "bytes": sum(e.num_bytes for e in index.entries)}
 
 
 def _progress(started: float) -> Any:

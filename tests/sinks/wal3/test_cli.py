@@ -131,6 +131,10 @@ def test_checkpoint_and_compact_commands(log_uri: str,
     assert main(["log", "compact", log_uri]) == 0
     out = capsys.readouterr().out
     assert f"retained points   [{end // 3}, {end // 2}, {end - 1}]" in out
+    assert main(["log", "inspect", log_uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["state"]["retained_points"] == [end // 3, end // 2, end - 1]
+    assert info["oldest_offset"] <= end - 1
     assert main(["log", "verify", log_uri]) == 0
     assert main(["log", "checkpoint", log_uri, "--at", str(end + 5)]) == 1
     assert "outside" in capsys.readouterr().err
