@@ -73,8 +73,9 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def _fail_open(args: argparse.Namespace, exc: Exception) -> int:
-    print(redact(f"cdc-agent log {args.log_command}: cannot open {args.uri}: {exc}"),
-          file=sys.stderr)
+    # Errors that already name the log are printed as they are, the rest get its URI.
+    where = "" if str(args.uri) in str(exc) else f"cannot open {args.uri}: "
+    print(redact(f"cdc-agent log {args.log_command}: {where}{exc}"), file=sys.stderr)
     return 2
 
 

@@ -37,7 +37,7 @@ def as_store(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
         try:
             store: ObjectStore = open_store(store_or_uri, endpoint_url=endpoint_url, **options)
         except ObjectStoreError as exc:
-            raise LogUnavailable(f"cannot open the store {store_or_uri}: {exc}") from exc
+            raise LogUnavailable(str(exc)) from exc
         return store
     return store_or_uri
 
