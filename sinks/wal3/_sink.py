@@ -143,9 +143,14 @@ def read_log(
         start = witness.cursor.position if from_offset is None else from_offset
     begin = start or manifest.oldest_offset
     index = load_index(reader.store, manifest)
-    if index is not None and (start < manifest.oldest_offset if start is not None
-                              else manifest.oldest_offset > index.entries[0].lo):
-        # The records below were collected: start from the checkpoint (sinks.wal3._state).
+    if index is not None and (
+            manifest.oldest_offset > index.entries[0].lo if start is None
+            else start < manifest.oldest_offset
+            or (start < index.limit and start in index.points)):
+        # The records below were collected: start from the checkpoint and stripes
+        # (sinks.wal3._state). From a retained point they are read even where the raw
+        # records are still there, so the cursor moves from retained point to retained
+        # point and a later compaction can keep it.
         if start is not None and start not in index.points:
             raise NotARetainedPoint(
                 f"offset {start} of {reader.store.describe()} was compacted or collected and "
