@@ -238,20 +238,34 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
         first = manifest.oldest_offset
         raw_begin = first
     pending = 0
-    if target is not None:
-        for record in reader.records(raw_begin, manifest=manifest):
+    fragments = reader.scan(raw_begin, manifest=manifest) if target is not None else []
+    for fragment in fragments:
+        records = reader.fetch(fragment)
+        # A fragment wholly inside one span adds its setsum (checked by fetch) at once.
+        whole = (target is not None and raw_begin <= fragment.start < target
+                 and fragment.limit <= target)
+        if whole:
+            spans[span].add(len(records), 0, fragment.setsum)
+        for record in records:
+            if record.offset < raw_begin:
+                continue
             reach(record.offset)
             if target is None:
                 break
             message = decode(record.body)
             events = len(message) if isinstance(message, EventBatch) else 0
-            spans[span].add(1, events, record_setsum(record.offset, record.timestamp_us,
-                                                     [record.body]))
+            if whole:
+                spans[span].events += events
+            else:
+                spans[span].add(1, events, record_setsum(record.offset, record.timestamp_us,
+                                                         [record.body]))
             asm.feed(message, defer=True)
             pending += events
             if pending >= _DRAIN_EVENTS:
                 asm.drain()
                 pending = 0
+        if target is None:
+            break
     reach(end)
     return captures, spans, first
 
