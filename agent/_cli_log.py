@@ -27,7 +27,7 @@ from typing import Any
 from agent._cli_progress import Progress
 from agent._config import uri_from_path
 from agent._logging import configure_logging
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["register"]
 
@@ -122,9 +122,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _state_summary(reader: Any, manifest: Any) -> dict[str, Any] | None:
     """The published checkpoint and stripes at a glance (None: there are none)."""
-    from sinks.wal3._state import load_index
+    from sinks.wal3 import load_state_index
 
-    index = load_index(reader.store, manifest)
+    index = load_state_index(reader.store, manifest)
     if index is None:
         return None
     return {"index": index.path, "retained_points": index.points,
@@ -166,15 +166,14 @@ def _run_scrub(args: argparse.Namespace) -> tuple[Any, int]:
 def _state_problems(reader: Any) -> list[str]:
     """Check the published checkpoint and stripes: each object against its hash and
     setsums, the state setsum along the chain, and the replaced-records accounting."""
-    from sinks.wal3 import Wal3Error
-    from sinks.wal3._state import check_accounting, iter_states, load_index
+    from sinks.wal3 import Wal3Error, check_accounting, iter_state_deltas, load_state_index
 
     try:
         manifest = reader.manifest()
-        index = load_index(reader.store, manifest)
+        index = load_state_index(reader.store, manifest)
         if index is None:
             return []
-        deltas = list(iter_states(reader.store, index))
+        deltas = list(iter_state_deltas(reader.store, index))
         check_accounting(reader, manifest, index)
     except Wal3Error as exc:
         return [str(exc)]

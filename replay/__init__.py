@@ -8,6 +8,7 @@ from replay._assembler import Assembler, Changeset, Snapshot
 from replay._compaction import CompactionReport, checkpoint_log, collect_log, compact_log
 from replay._errors import InconsistentLog
 from replay._position import Frontier, InvalidPosition, Position
+from replay._postgres_replica import POSITION_TABLE as REPLICA_POSITION_TABLE
 from replay._postgres_replica import PostgresReplica, ReplicaError
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "InvalidPosition",
     "Position",
     "PostgresReplica",
+    "REPLICA_POSITION_TABLE",
     "ReplicaError",
     "Snapshot",
     "checkpoint_log",

@@ -35,8 +35,7 @@ from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay._resume import StateDelta, apply_state
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
-from sinks import EventBatch, Setsum
-from sinks._setsum import SETSUM_PRIMES
+from sinks import SETSUM_PRIMES, EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
     SnapshotChunk,

@@ -34,21 +34,24 @@ from replay._resume import Captured, capture
 from sinks import Setsum
 from sinks.codec import EventBatch, decode
 from sinks.objstore import ObjectStore
-from sinks.wal3 import GarbageCollector, GcReport, LogReader, Manifest
-from sinks.wal3._fragment import record_setsum
-from sinks.wal3._state import (
+from sinks.wal3 import (
     CorruptState,
+    GarbageCollector,
+    GcReport,
+    LogReader,
+    Manifest,
     NotARetainedPoint,
     StateContention,
     StateDelta,
     StateIndex,
     check_accounting,
-    iter_states,
-    load_index,
+    iter_state_deltas,
+    load_state_index,
     moved_setsum,
-    publish_index,
+    publish_state_index,
+    record_setsum,
     state_setsum,
-    write_objects,
+    write_state_objects,
 )
 
 __all__ = ["CompactionReport", "checkpoint_log", "collect_log", "compact_log"]
@@ -94,7 +97,7 @@ def _verify_published(reader: LogReader, expected: str | None) -> Any:
     at the index ``expected`` (None: whatever it points at), and what that index's
     checkpoint and stripes replaced balances with what the log collected and holds."""
     def verify(current: Manifest) -> None:
-        published = load_index(reader.store, current)
+        published = load_state_index(reader.store, current)
         if expected is not None and (published is None or published.path != expected):
             raise StateContention("another checkpoint or compaction published since; "
                                   "nothing was collected: run it again")
@@ -171,11 +174,11 @@ def compact_log(store_or_uri: ObjectStore | str, *, prefix: str = "",
 
 def _run(reader: LogReader, points: list[int], *, collect: bool) -> CompactionReport:
     manifest = reader.manifest()
-    old = load_index(reader.store, manifest)
+    old = load_state_index(reader.store, manifest)
     captures, spans, first = _replay(reader, manifest, old, points)
     deltas = _deltas(points, captures, spans, first)
-    index = write_objects(reader.store, deltas)
-    index = publish_index(reader.store, index, old.path if old is not None else None)
+    index = write_state_objects(reader.store, deltas)
+    index = publish_state_index(reader.store, index, old.path if old is not None else None)
     report = CompactionReport(points, index.path, len(deltas[0].keys),
                               [len(d.keys) for d in deltas[1:]],
                               sum(d.replaced_events for d in deltas),
@@ -227,7 +230,7 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
                 raise NotARetainedPoint(f"offset {p} was compacted and is not a retained point: "
                                         f"{old.nearest(p)}")
         raw_begin = old.limit
-        for delta in iter_states(reader.store, old):
+        for delta in iter_state_deltas(reader.store, old):
             reach(delta.lo if delta.kind == "stripe" else first)
             if target is None:
                 break

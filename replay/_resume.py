@@ -29,7 +29,7 @@ from replay._bulk import NetChanges
 from replay._errors import InconsistentLog
 from replay._position import Frontier
 from sinks.codec import EventBatch, decode, encode_epoch, encode_events, encode_snapshot
-from sinks.wal3._state import StateDelta
+from sinks.wal3 import StateDelta
 
 if TYPE_CHECKING:
     from replay._assembler import Assembler, Changeset

@@ -28,7 +28,7 @@ from sinks.wal3._errors import (
     UninitializedLog,
     Wal3Error,
 )
-from sinks.wal3._fragment import decode_fragment, encode_fragment
+from sinks.wal3._fragment import decode_fragment, encode_fragment, record_setsum
 from sinks.wal3._garbage import Garbage, GarbageCollector, GcReport, compute_garbage
 from sinks.wal3._manifest import (
     Fragment,
@@ -49,7 +49,15 @@ from sinks.wal3._state import (
     StateContention,
     StateDelta,
     StateIndex,
+    check_accounting,
+    iter_state_deltas,
+    load_state_index,
+    moved_setsum,
+    publish_state_index,
+    state_setsum,
+    write_state_objects,
 )
+from sinks.wal3._store import as_store
 from sinks.wal3._writer import LogWriter, WriterOptions
 
 __all__ = [
@@ -97,14 +105,23 @@ __all__ = [
     "Wal3Sink",
     "Witness",
     "WriterOptions",
+    "as_store",
+    "check_accounting",
     "compute_garbage",
     "continue_log",
     "decode_fragment",
     "encode_fragment",
     "fragment_path",
+    "iter_state_deltas",
+    "load_state_index",
+    "moved_setsum",
     "open_log_sink",
     "parse_fragment_path",
+    "publish_state_index",
     "read_log",
+    "record_setsum",
     "seal_log",
     "snapshot_path",
+    "state_setsum",
+    "write_state_objects",
 ]

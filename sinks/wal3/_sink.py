@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NoReturn
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed, SinkError
@@ -31,7 +31,7 @@ from sinks.wal3._cursors import CursorStore
 from sinks.wal3._errors import AlreadyInitialized
 from sinks.wal3._manifest import LogPosition
 from sinks.wal3._reader import LogReader
-from sinks.wal3._state import NotARetainedPoint, StateDelta, iter_states, load_index
+from sinks.wal3._state import NotARetainedPoint, StateDelta, iter_state_deltas, load_state_index
 from sinks.wal3._store import as_store
 from sinks.wal3._writer import LogWriter, WriterOptions
 
@@ -84,7 +84,7 @@ class Wal3Sink:
         while self._outstanding and self._outstanding[0].done():
             exc = self._outstanding.popleft().exception()
             if exc is not None:
-                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+                self._raise_failure(exc)
 
     def flush(self) -> None:
         """Return once every record written so far is durable, or raise its error."""
@@ -94,7 +94,14 @@ class Wal3Sink:
         while self._outstanding:
             exc = self._outstanding.popleft().exception()
             if exc is not None:
-                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+                self._raise_failure(exc)
+
+    def _raise_failure(self, exc: BaseException) -> NoReturn:
+        """Raise an append's failure as a ``SinkError``, chained to what the writer saw."""
+        if isinstance(exc, SinkError):
+            raise exc
+        raise SinkError(f"appending to the wal3 log {self.uri} failed "
+                        f"({type(exc).__name__}: {exc}); that record was not acknowledged") from exc
 
     def close(self) -> None:
         """Flush, then close the writer; a second call does nothing."""
@@ -142,7 +149,7 @@ def read_log(
             witness = cursors.init(cursor, from_offset or manifest.oldest_offset)
         start = witness.cursor.position if from_offset is None else from_offset
     begin = start or manifest.oldest_offset
-    index = load_index(reader.store, manifest)
+    index = load_state_index(reader.store, manifest)
     if index is not None and (
             manifest.oldest_offset > index.entries[0].lo if start is None
             else start < manifest.oldest_offset
@@ -155,7 +162,7 @@ def read_log(
             raise NotARetainedPoint(
                 f"offset {start} of {reader.store.describe()} was compacted or collected and "
                 f"is not a retained point: {index.nearest(start)}; resume from one of them")
-        for delta in iter_states(reader.store, index):
+        for delta in iter_state_deltas(reader.store, index):
             yield delta
             if cursors is not None and cursor is not None and witness is not None \
                     and delta.hi > witness.cursor.position:

@@ -75,9 +75,9 @@ __all__ = [
     "check_accounting",
     "decode_state",
     "encode_state",
-    "load_index",
+    "load_state_index",
     "load_state",
-    "publish_index",
+    "publish_state_index",
     "state_setsum",
 ]
 
@@ -412,7 +412,7 @@ def _get_verified(log: LogStore, path: str, sha: str | None) -> bytes:
     return data
 
 
-def load_index(log: LogStore, manifest: Manifest) -> StateIndex | None:
+def load_state_index(log: LogStore, manifest: Manifest) -> StateIndex | None:
     """The index the manifest points at (verified), or None."""
     path = manifest_index_path(manifest)
     if path is None:
@@ -431,7 +431,7 @@ def load_state(log: LogStore, entry: StateEntry) -> StateDelta:
     return delta
 
 
-def iter_states(log: LogStore, index: StateIndex) -> Iterator[StateDelta]:
+def iter_state_deltas(log: LogStore, index: StateIndex) -> Iterator[StateDelta]:
     """The index's checkpoint and stripes, each checked, with the state setsum carried
     along the chain (a stripe must move the previous state's setsum to its own)."""
     current: Setsum | None = None
@@ -449,7 +449,7 @@ def iter_states(log: LogStore, index: StateIndex) -> Iterator[StateDelta]:
 
 # -- publishing ---------------------------------------------------------------------------
 
-def write_objects(log: LogStore, deltas: Iterable[StateDelta]) -> StateIndex:
+def write_state_objects(log: LogStore, deltas: Iterable[StateDelta]) -> StateIndex:
     """Write each checkpoint/stripe (If-None-Match; an equal object already there is
     success: the name is the content's hash) and the index; return the index."""
     entries = []
@@ -476,7 +476,7 @@ def _put_once(log: LogStore, path: str, data: bytes) -> None:
             log.put(path, data)
 
 
-def publish_index(log: LogStore, index: StateIndex, based_on: str | None) -> StateIndex:
+def publish_state_index(log: LogStore, index: StateIndex, based_on: str | None) -> StateIndex:
     """Install ``index`` by compare-and-swap of the manifest read with ``etag`` (whose
     state index was ``based_on``), then delete what it superseded.
 

@@ -34,7 +34,7 @@ from sinks.wal3 import (
     read_log,
 )
 from sinks.wal3._garbage import Garbage
-from sinks.wal3._state import check_accounting, iter_states, load_index
+from sinks.wal3._state import check_accounting, iter_state_deltas, load_state_index
 from tests.sinks.wal3.conftest import no_sleep
 
 Record = Any
@@ -127,9 +127,9 @@ def check_state_chain(objs: InMemoryObjectStore) -> None:
     reader = LogReader(objs)
     reader.scrub()
     manifest = reader.manifest()
-    index = load_index(reader.store, manifest)
+    index = load_state_index(reader.store, manifest)
     assert index is not None
-    list(iter_states(reader.store, index))
+    list(iter_state_deltas(reader.store, index))
     check_accounting(reader, manifest, index)
 
 

@@ -24,7 +24,7 @@ from replay import Assembler, checkpoint_log, collect_log, compact_log
 from sinks.objstore import Call, Crash, InMemoryObjectStore
 from sinks.wal3 import CursorStore, LogReader, StateDelta, read_log
 from sinks.wal3._garbage import Garbage
-from sinks.wal3._state import STATE_PREFIX, load_index
+from sinks.wal3._state import STATE_PREFIX, load_state_index
 from tests.replay.test_compaction import (
     bits,
     build_log,
@@ -123,7 +123,7 @@ def test_a_crash_at_any_store_call_then_a_restart(op: str) -> None:
             check_state_chain(objs)
             garbage = objs.objects().get("gc/GARBAGE", b"")
             assert garbage.strip() in (b"", Garbage().to_json().encode())
-            index = load_index(LogReader(objs).store, LogReader(objs).manifest())
+            index = load_state_index(LogReader(objs).store, LogReader(objs).manifest())
             assert index is not None
             referenced = {e.path for e in index.entries} | {index.path}
             stored = {k for k in objs.objects() if k.startswith(STATE_PREFIX)}
