@@ -128,14 +128,17 @@ def _cursor_positions(reader: LogReader, keep_at_least: int | None = None) -> li
 def checkpoint_log(store_or_uri: ObjectStore | str, at: int | None = None, *, prefix: str = "",
                    endpoint_url: str | None = None) -> CompactionReport:
     """Write and publish a checkpoint at offset ``at`` (default: the lowest cursor, or
-    the log's end when there is none). Collects nothing."""
+    the log's end when there is none). Collects nothing. Cursors below ``at`` stay
+    retained points (with a stripe between each two)."""
     reader = _reader(store_or_uri, prefix, endpoint_url)
     _finish_collection(reader)
     cursors = _cursor_positions(reader)
     manifest = reader.manifest()
     if at is None:
         at = cursors[0] if cursors else manifest.next_offset
-    points = sorted({at, *(c for c in cursors if c < manifest.oldest_offset)})
+    # Every cursor below the new limit must stay a retained point: those below ``at``,
+    # and those in the already collected part.
+    points = sorted({at, *(c for c in cursors if c < max(at, manifest.oldest_offset))})
     return _run(reader, points, collect=False)
 
 

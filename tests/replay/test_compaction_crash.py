@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from replay import Assembler, checkpoint_log, collect_log, compact_log
+from sinks.codec import decode
 from sinks.objstore import Call, Crash, InMemoryObjectStore
 from sinks.wal3 import CursorStore, LogReader, StateDelta, read_log
 from sinks.wal3._garbage import Garbage
@@ -131,3 +132,56 @@ def test_a_crash_at_any_store_call_then_a_restart(op: str) -> None:
         except AssertionError as exc:
             raise AssertionError(f"{where}: {exc}") from exc
     assert crashed >= 2 * total * 0.9
+
+
+def test_compaction_rebases_on_appends_and_refuses_a_race_it_lost() -> None:
+    """A writer appends while a compaction writes its objects: the compaction publishes
+    on top of the new manifest (the appended records stay, after the newest point). A
+    checkpoint that published meanwhile makes the compaction raise StateContention,
+    publishing nothing; the next run succeeds."""
+    from agent import Agent, MemoryStore
+    from sinks.wal3 import StateContention, Wal3Sink
+
+    base, records_t = _base()
+    objs = clone(base, "race")
+    fired: list[str] = []
+
+    def append_meanwhile(call: Call) -> None:
+        if call.phase == "before" and call.op == "put_if_absent" \
+                and call.key.startswith(STATE_PREFIX) and not fired:
+            fired.append(call.key)
+            objs.on_step = None
+            agent = Agent(MemoryStore(), Wal3Sink(objs))
+            agent.set("other", 1, "a", "appended meanwhile")
+            agent.close()
+
+    end = LogReader(objs).manifest().next_offset
+    objs.on_step = append_meanwhile
+    report = compact_log(objs)
+    assert fired and LogReader(objs).manifest().next_offset > end
+    assert load_state_index(LogReader(objs).store, LogReader(objs).manifest()).path == report.index
+    check_readers(objs, raw_records_of_all(objs, list(records_t)))
+    check_state_chain(objs)
+
+    lost: list[str] = []
+
+    def publish_meanwhile(call: Call) -> None:
+        if call.phase == "before" and call.op == "put_if_absent" \
+                and call.key.startswith(STATE_PREFIX) and not lost:
+            lost.append(call.key)
+            objs.on_step = None
+            checkpoint_log(objs, LogReader(objs).manifest().next_offset)
+
+    objs.on_step = publish_meanwhile
+    with pytest.raises(StateContention):
+        compact_log(objs)
+    assert lost
+    compact_log(objs)
+    check_state_chain(objs)
+
+
+def raw_records_of_all(objs: InMemoryObjectStore, before: Records) -> Records:
+    """The reference records: those of the base log, then any appended since."""
+    last = before[-1][0]
+    reader = LogReader(objs)
+    return before + [(r.offset, decode(r.body)) for r in reader.records(last + 1)]
