@@ -72,7 +72,9 @@ def _writer(client: SidecarClient, seed: int, batches: int) -> None:
 def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path) -> None:
     """Six threads write overlapping cells through the sidecar; every quiescent snapshot
     the log replays to equals the shared store's state at that point, and at the end."""
-    served = Served(folder / "s")
+    # Closes are pipelined, so six busy threads may never leave the sequencer without
+    # an open batch by chance: forced quiescence makes sure there are several points.
+    served = Served(folder / "s", max_quiescence_interval=0.02)
     client = SidecarClient(str(folder / "s"), served.store)
     errors: list[BaseException] = []
 
