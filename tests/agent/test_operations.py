@@ -224,7 +224,8 @@ def test_agent_set_inlines_exactly_set_cell(table: str, row: Any, column: str, v
     agent.close()
     again = store.replay()
     events, want, _ = drive(ops.set_cell(table, row, column, value), again)
-    assert store.calls == again.calls and result is want or result == want
+    assert store.calls == again.calls
+    assert result is want or result == want
     assert [(e.table, e.row, e.column, e.old, e.new) for e in sink.events] == events
 
 
