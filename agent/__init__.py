@@ -9,6 +9,7 @@ capture), then ``_store.py`` (what a relaxed store is).
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
 from agent._baseline import BaselineReport, CellChunk, ListableStore, SnapshotProgress
+from agent._clock import system_ids
 from agent._config import Config, ConfigError, load_config
 from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
 from agent._postgres_spec import (
@@ -53,5 +54,6 @@ __all__ = [
     "kafka_consumer_lag",
     "load_config",
     "serve_metrics",
+    "system_ids",
     "wal3_cursor_lag",
 ]

@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Final, TypeVar
 import structlog
 
 from agent import _operations as operations
+from agent._clock import system_ids
 from agent._scope import BatchScope
-from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
+from agent._shipper import PendingEvent, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
     Absent,
     BatchTicket,
+    EpochClosed,
     EpochRecord,
     EpochSequencer,
     MonotonicIds,
@@ -82,6 +84,10 @@ _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_open_agents)
 
 
+def _no_clock() -> int:
+    return 0
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -117,19 +123,23 @@ class _Capture:
         self.domain_id = domain_id if domain_id is not None else new_domain_id()
         self._sink = sink
         self._on_quiescence = on_quiescence
-        self._clock_ns = clock_ns
-        self._ids = ids or MonotonicIds()
+        # The sequencer reads time only for forced quiescence: without it, feed 0
+        # rather than read a clock twice per batch.
+        self._clock_ns = clock_ns if max_quiescence_interval is not None else _no_clock
+        self._ids = ids or system_ids()
+        self._next_id = self._ids.next
         self._wait_timeout = quiescence_wait_timeout
         self._cond = threading.Condition(threading.Lock())
+        self._sleepers = 0  # threads waiting on _cond (a close notifies only if any)
         self._sequencer = EpochSequencer(
-            self.domain_id, self._ids.next, now_ns=clock_ns(),
+            self.domain_id, now_ns=clock_ns(),
             max_quiescence_interval_ns=(
                 None if max_quiescence_interval is None
                 else int(max_quiescence_interval * 1e9)),
         )
         self._current: ContextVar[_Batch | None] = ContextVar(
             f"cdc_batch_{self.domain_id:x}", default=None)
-        self._shipper = Shipper(sink, max_queue=max_queue,
+        self._shipper = Shipper(sink, domain_id=self.domain_id, max_queue=max_queue,
                                 backpressure_timeout=backpressure_timeout, metrics=metrics)
         self._max_queue = max_queue
         self._batches_closed = 0
@@ -182,7 +192,7 @@ class _Capture:
                     raise QuiescenceTimeout(
                         f"{self._sequencer.open_batches()} write batches still open after "
                         f"{timeout}s; close() needs them to end")
-                self._cond.wait(remaining)
+                self._sleep(remaining)
             self._closed = True
         _open_agents.discard(self)
         try:
@@ -220,31 +230,49 @@ class _Capture:
     # -- batches ---------------------------------------------------------------------------
 
     def _open(self) -> _Batch:
-        self._check_shipping()
-        self._shipper.wait_for_room()  # a slow sink slows new batches (bounded)
-        cond = self._cond
-        with cond:
-            self._check_open()
-            ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
+        shipper = self._shipper
+        if shipper.error is not None or len(shipper.items) > shipper.max_queue:
+            self._check_shipping()
+            shipper.wait_for_room()  # a slow sink slows new batches (bounded)
+        with self._cond:
+            if self._closing:
+                self._check_open()
+            ticket = (None if self._hold
+                      else self._sequencer.open_batch(self._next_id(), self._clock_ns()))
             if ticket is None:
-                deadline = time.monotonic() + self._wait_timeout
-                while ticket is None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise QuiescenceTimeout(
-                            f"forced quiescence held a new write batch back for "
-                            f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
-                            "are still open (a batch left open too long?)")
-                    self._waiting += 1
-                    try:
-                        cond.wait(remaining)
-                    finally:
-                        self._waiting -= 1
-                    self._check_open()
-                    ticket = (None if self._hold
-                              else self._sequencer.open_batch(self._clock_ns()))
+                ticket = self._wait_for_ticket()
             self.stats["batches"] += 1
         return _Batch(ticket)
+
+    def _wait_for_ticket(self) -> BatchTicket:
+        """Under the lock: wait while forced quiescence (or a baseline) holds new
+        batches back, at most the wait timeout."""
+        deadline = time.monotonic() + self._wait_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise QuiescenceTimeout(
+                    f"forced quiescence held a new write batch back for "
+                    f"{self._wait_timeout}s: {self._sequencer.open_batches()} batches "
+                    "are still open (a batch left open too long?)")
+            self._waiting += 1
+            try:
+                self._sleep(remaining)
+            finally:
+                self._waiting -= 1
+            self._check_open()
+            ticket = (None if self._hold
+                      else self._sequencer.open_batch(self._next_id(), self._clock_ns()))
+            if ticket is not None:
+                return ticket
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Under the lock: wait on it, counted (closes notify only when someone waits)."""
+        self._sleepers += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._sleepers -= 1
 
     def _check_open(self) -> None:
         """Under the lock: no new batch once close() has begun (it waits for quiescence)."""
@@ -267,7 +295,8 @@ class _Capture:
         while True:
             with self._cond:
                 self._check_open()
-                ticket = None if self._hold else self._sequencer.open_batch(self._clock_ns())
+                ticket = (None if self._hold
+                          else self._sequencer.open_batch(self._next_id(), self._clock_ns()))
                 if ticket is not None:
                     self.stats["batches"] += 1
                     return _Batch(ticket)
@@ -289,29 +318,36 @@ class _Capture:
                 "but the log misses the records from that point on") from error
 
     def _close(self, batch: _Batch) -> None:
-        total = batch.seq_start + len(batch.events)
-        self._ship_segment(batch)
-        cond = self._cond
-        with cond:
-            records = self._sequencer.close_batch(batch.ticket, self._clock_ns(), total)
-            self.stats["events"] += total
+        events = batch.events
+        total = batch.seq_start + len(events)
+        ticket = batch.ticket
+        with self._cond:
+            closed = self._sequencer.close_batch(ticket, self._clock_ns(), self._next_id(),
+                                                 total)
+            # One queue item: the last segment and the epochs it ended, in log order.
+            self._shipper.put_batch(ticket.batch_id, ticket.epoch_seq, batch.seq_start,
+                                    events, closed)
+            stats = self.stats
+            stats["events"] += total
             self._batches_closed += 1
-            if not records:
-                return
-            for record in records:
-                self._shipper.put(record)
-            self.stats["epochs"] += len(records)
-            marker = records[-1]
-            if marker.quiescent:
-                self._last_point = (marker.epoch_seq, marker.end_id)
-                self.stats["quiescence_points"] += 1
-                try:
-                    if self._on_quiescence is not None:
-                        # New batches wait on this lock: the store is at the quiescent state.
-                        self._on_quiescence(marker)
-                finally:
-                    cond.notify_all()
-                    self._wake_async_waiters()
+            if closed:
+                stats["epochs"] += len(closed)
+                if closed[-1].quiescent:
+                    self._quiesced(closed[-1])
+
+    def _quiesced(self, marker: EpochClosed) -> None:
+        """Under the lock: the sequencer just quiesced at ``marker``."""
+        self._last_point = (marker.epoch_seq, marker.end_id)
+        self.stats["quiescence_points"] += 1
+        try:
+            if self._on_quiescence is not None:
+                # New batches wait on this lock: the store is at the quiescent state.
+                self._on_quiescence(marker.record(self.domain_id))
+        finally:
+            if self._sleepers:
+                self._cond.notify_all()
+            if self._async_waiters:
+                self._wake_async_waiters()
 
     def _begin_hold(self) -> None:
         """Hold new batches back (a baseline chunk is about to be read)."""
@@ -327,10 +363,10 @@ class _Capture:
             deadline = time.monotonic() + 1.0
             while not self._hold and (now := time.monotonic()) < deadline:
                 if self._waiting:
-                    self._cond.wait(0.01)
+                    self._sleep(0.01)
                 elif (released is not None and self.stats["batches"] == released[1]
                       and now < released[0] + _HOLD_GRACE):
-                    self._cond.wait(_HOLD_GRACE / 4)
+                    self._sleep(_HOLD_GRACE / 4)
                 else:
                     break
             self._hold += 1
@@ -353,7 +389,7 @@ class _Capture:
                     raise QuiescenceTimeout(
                         f"a snapshot waited {self._wait_timeout}s for "
                         f"{self._sequencer.open_batches()} open write batches to end")
-                self._cond.wait(remaining)
+                self._sleep(remaining)
             return self._last_point
 
     def _wake_async_waiters(self) -> None:
@@ -364,8 +400,8 @@ class _Capture:
     def _ship_segment(self, batch: _Batch) -> None:
         if batch.events:
             ticket = batch.ticket
-            self._shipper.put(Shipment(self.domain_id, ticket.batch_id, ticket.epoch_seq,
-                                       batch.seq_start, batch.events))
+            self._shipper.put_batch(ticket.batch_id, ticket.epoch_seq, batch.seq_start,
+                                    batch.events, [])
             batch.seq_start += len(batch.events)
             batch.events = []
 

@@ -155,12 +155,12 @@ def wal3_polls(uri: str, *, prefix: str = "", endpoint_url: str | None = None,
 
 
 def _records(reader: Any, manifest: Any, begin: int) -> Iterator[Any]:
-    from sinks.codec import decode
+    from sinks.codec import decode, records
 
     for fragment in reader.scan(begin, manifest=manifest):
         for record in reader.fetch(fragment):
             if record.offset >= begin:
-                yield decode(record.body)
+                yield from records(decode(record.body))  # a run of epochs: each one
 
 
 def changeset_json(changeset: Any) -> dict[str, Any]:

@@ -83,6 +83,7 @@ def compare(name: str, make_store: Callable[[], Any], fragments: int, in_flight:
 class NullSink:
     def write_events(self, batch: object) -> None: ...
     def write_epoch(self, record: object) -> None: ...
+    def write_epochs(self, run: object) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -128,9 +129,13 @@ def main() -> None:
         _bench_s3(args.fragments // 4, tmp)
 
     per_thread = args.events // 4
-    base = max(agent_events(NullSink, 4, per_thread, 100) for _ in range(2))
-    rate = max(agent_events(lambda: Wal3Sink(LocalStore(tmp / f"agent{next(counter)}")),
-                            4, per_thread, 100) for _ in range(2))
+    bases: list[float] = []
+    rates: list[float] = []
+    for _ in range(3):  # interleaved, best of each: the machine is shared and noisy
+        bases.append(agent_events(NullSink, 4, per_thread, 100))
+        rates.append(agent_events(lambda: Wal3Sink(LocalStore(tmp / f"agent{next(counter)}")),
+                                  4, per_thread, 100))
+    base, rate = max(bases), max(rates)
     report("agent -> durable wal3 log (local fs), 4 threads", rate, "agent -> null sink",
            base, "events/s", f"{rate:,.0f} >= 300,000 events/s")
 

@@ -33,6 +33,7 @@ from replay._assembler import Assembler
 from replay._resume import Captured, capture
 from sinks import Setsum
 from sinks.codec import EventBatch, decode
+from sinks.codec import records as expand_records
 from sinks.objstore import ObjectStore
 from sinks.wal3 import (
     CorruptState,
@@ -265,7 +266,8 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
             else:
                 spans[span].add(1, events, record_setsum(record.offset, record.timestamp_us,
                                                          [record.body]))
-            asm.feed(message, defer=True)
+            for item in expand_records(message):  # a run of epoch records: each one
+                asm.feed(item, defer=True)
             pending += events
             if pending >= _DRAIN_EVENTS:
                 asm.drain()

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING
 from replay._bulk import NetChanges
 from replay._errors import InconsistentLog
 from replay._position import Frontier
-from sinks.codec import EventBatch, decode, encode_epoch, encode_events, encode_snapshot
+from sinks.codec import (
+    EventBatch,
+    decode,
+    encode_epoch,
+    encode_events,
+    encode_snapshot,
+    records,
+)
 from sinks.wal3 import StateDelta
 
 if TYPE_CHECKING:
@@ -143,8 +150,8 @@ def _enter(asm: Assembler, delta: StateDelta, current: Points, after: Points
         asm._domains[domain_id].applied_end = end
     asm._baselines.trusted = delta.trusted
     for message in delta.carried:
-        record = decode(message)
-        asm.feed(record, defer=True)
+        for record in records(decode(message)):  # a run of epoch records: each one
+            asm.feed(record, defer=True)
     moved = sorted(d for d in after if current.get(d) != after[d])
     if not moved:
         return []

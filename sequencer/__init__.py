@@ -1,12 +1,12 @@
 """cdc-agent's pure core: ids, domains, the epoch sequencer, the value model and records.
 
 Sans-IO: nothing here reads a clock, touches a socket or file, or imports a driver;
-callers feed time and events and get back the records to emit. It imports nothing
+callers feed time, fresh ids and events and get back the epochs to publish. It imports nothing
 else of this project. Start with ``_epochs.py`` (the state table), then ``_ids.py``.
 """
 
 from sequencer._domain import new_domain_id
-from sequencer._epochs import BatchTicket, EpochSequencer, SequencerError
+from sequencer._epochs import BatchTicket, EpochClosed, EpochSequencer, SequencerError
 from sequencer._ids import MonotonicIds, id_le, id_lt
 from sequencer._records import ChangeEvent, EpochRecord, Record
 from sequencer._values import (
@@ -26,6 +26,7 @@ __all__ = [
     "Absent",
     "BatchTicket",
     "ChangeEvent",
+    "EpochClosed",
     "EpochRecord",
     "EpochSequencer",
     "InvalidWrite",

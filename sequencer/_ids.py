@@ -11,9 +11,7 @@ seconds counter may wrap.
 
 from __future__ import annotations
 
-import functools
 import threading
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -22,7 +20,8 @@ __all__ = ["MonotonicIds", "id_le", "id_lt"]
 _MASK64: Final = (1 << 64) - 1
 _HALF: Final = 1 << 63
 _LOW_BITS_CLEARED: Final = _MASK64 ^ 0x7F
-_NS_PER_S: Final = 1_000_000_000
+_NUMERATOR: Final = 1 << 23  # 2**32 / 10**9 == 2**23 / 5**9
+_DENOMINATOR: Final = 5**9
 
 
 def id_lt(a: int, b: int) -> bool:
@@ -35,47 +34,45 @@ def id_le(a: int, b: int) -> bool:
     return ((b - a) & _MASK64) < _HALF
 
 
-# A C-level partial, not a Python function: it saves a frame on every id.
-_real_boottime_ns: Callable[[], int] = functools.partial(time.clock_gettime_ns,
-                                                         time.CLOCK_BOOTTIME)
-
-
 class MonotonicIds:
     """A thread-safe source of strictly increasing, never-zero 64-bit ids.
 
-    ``boottime_ns`` and ``realtime_ns`` are callables returning nanoseconds; ``None``
-    selects the real ``CLOCK_BOOTTIME`` and ``CLOCK_REALTIME``. Tests inject their own
-    to freeze the clock, send it backwards, or cross the 32-bit wrap of the seconds.
+    ``boottime_ns`` and ``realtime_ns`` are callables returning nanoseconds: the clock
+    is an input, never read implicitly (``agent.system_ids()`` passes the real
+    ``CLOCK_BOOTTIME`` and ``CLOCK_REALTIME``). Tests pass their own to freeze the clock,
+    send it backwards, or cross the 32-bit wrap of the seconds.
     """
 
     __slots__ = ("_state", "next", "offset_ns")
 
-    def __init__(
-        self,
-        boottime_ns: Callable[[], int] | None = None,
-        realtime_ns: Callable[[], int] | None = None,
-    ) -> None:
-        boottime = boottime_ns or _real_boottime_ns
+    def __init__(self, boottime_ns: Callable[[], int], realtime_ns: Callable[[], int]) -> None:
+        boottime = boottime_ns
         # The offset is taken once: ids follow the boot clock, which never jumps,
         # yet read as wall-clock seconds since the epoch.
-        offset = (realtime_ns or time.time_ns)() - boottime()
+        offset = realtime_ns() - boottime()
         self.offset_ns = offset
         state = self._state = [0]  # [last id issued]; 0 = none yet (0 is never issued)
         lock = threading.Lock()
         acquire, release = lock.acquire, lock.release
-        ns_per_s, cleared, mask, half = _NS_PER_S, _LOW_BITS_CLEARED, _MASK64, _HALF
+        # 2**32 / 1e9 reduced: 32.32 fixed point is ns * 2**23 // 5**9, exactly.
+        numerator, denominator = _NUMERATOR, _DENOMINATOR
+        cleared, mask, half = _LOW_BITS_CLEARED, _MASK64, _HALF
 
         # A closure rather than a method: ids sit on every batch's path, and local
         # names are the cheapest thing Python has.
         def next_id() -> int:
             """Return an id strictly greater (modulo 2**64) than every id issued before."""
-            # 32.32 fixed point of the seconds: ns * 2**32 / 1e9, in exact integers.
-            candidate = (((boottime() + offset) << 32) // ns_per_s) & cleared
+            candidate = ((boottime() + offset) * numerator // denominator) & cleared
             acquire()
             last = state[0]
-            # The compare-and-swap: the clock if it moved past the last id (or nothing
-            # was issued yet), else last + 1.
-            if 0 < ((candidate - last) & mask) < half or not last:
+            # The compare-and-swap: the clock if it moved past the last id (the common
+            # case: plain integers, returned at once; then candidate > last >= 0, so it
+            # is not 0), else the modular cases below: last + 1, the wrap, the first id.
+            if last < candidate < last + half:
+                state[0] = candidate
+                release()
+                return candidate
+            if not last or 0 < ((candidate - last) & mask) < half:
                 issued = candidate or 1
             else:
                 issued = ((last + 1) & mask) or 1

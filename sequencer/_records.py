@@ -15,9 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sequencer._ids import id_lt
 from sequencer._values import Absent, RowKey, Value
 
-__all__ = ["ChangeEvent", "EpochRecord", "Record"]
+__all__ = ["ChangeEvent", "EpochRecord", "Record", "covers"]
+
+
+def covers(begin_id: int, end_id: int, batch_id: int) -> bool:
+    """True if ``batch_id`` lies in the epoch ``[begin_id, end_id)`` (modular, like every
+    id comparison; ``begin_id`` 0 is the sentinel "since the start of the domain")."""
+    after_begin = begin_id == 0 or not id_lt(batch_id, begin_id)
+    return after_begin and id_lt(batch_id, end_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +74,7 @@ class EpochRecord:
 
     def covers(self, batch_id: int) -> bool:
         """True if ``batch_id`` belongs to this epoch (modular, like every id comparison)."""
-        from sequencer._ids import id_lt
-
-        # begin_id 0 is the sentinel "since the start of the domain", not a point on the ring.
-        after_begin = self.begin_id == 0 or not id_lt(batch_id, self.begin_id)
-        return after_begin and id_lt(batch_id, self.end_id)
+        return covers(self.begin_id, self.end_id, batch_id)
 
 
 Record = ChangeEvent | EpochRecord

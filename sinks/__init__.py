@@ -14,11 +14,12 @@ from sinks._postgres_error import PostgresError
 from sinks._protocol import Sink, SinkBackpressure, SinkClosed, SinkError, SinkTimeout
 from sinks._redact import redact
 from sinks._setsum import SETSUM_PRIMES, Setsum
-from sinks.codec import EventBatch, SnapshotChunk
+from sinks.codec import EpochRun, EventBatch, SnapshotChunk
 
 route_library_logs()  # events to the logging module, never stdout (sinks/_log_routing.py)
 
 __all__ = [
+    "EpochRun",
     "EventBatch",
     "LOG_EVENT_ATTRIBUTE",
     "MemorySink",

@@ -13,6 +13,7 @@ from sinks.codec import (
     encode_epoch,
     encode_events,
     encode_snapshot,
+    records,
 )
 
 __all__ = ["MemorySink", "RecordingSink"]
@@ -74,7 +75,7 @@ class MemorySink:
         return [r for r in self.records if isinstance(r, SnapshotChunk)]
 
     def decoded_messages(self) -> list[EventBatch | EpochRecord | SnapshotChunk]:
-        return [decode(m) for m in self.messages]
+        return [r for m in self.messages for r in records(decode(m))]
 
     def _check_open(self) -> None:
         if self.closed:

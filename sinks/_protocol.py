@@ -38,6 +38,11 @@ class Sink(Protocol):
       seq order (see ``sinks.codec``).
     - ``write_epoch``: an epoch record, after every event of its epoch, with its
       setsum filled in.
+    - ``write_epochs`` (optional): a run of epoch records (``sinks.codec.EpochRun``),
+      in order, each after every event of its epoch: what ``write_epoch`` of each would
+      do, in one call; all or nothing if it raises ``SinkBackpressure``. The agent uses
+      it when present (an automatic batch closes two epochs: one call each costs more
+      than the batch).
     - ``flush``: return once everything written so far is durable, or raise.
     - ``close``: flush, then release resources; calling it twice is fine.
 

@@ -19,6 +19,7 @@ from replay._position import Position
 from replay.spark._decode import DomainEpochs, EpochIndex
 from sequencer import EpochRecord
 from sinks.codec import CodecError, decode
+from sinks.codec import records as expand
 
 __all__ = ["EpochTable", "UnsupportedRecord", "build_epoch_table"]
 
@@ -67,17 +68,18 @@ def decode_metadata(rows: Iterable[tuple[int, bytes]]) -> list[EpochRecord]:
     records = []
     for offset, body in rows:
         try:
-            record = decode(body)
+            decoded = decode(body)
         except CodecError as exc:
             raise UnsupportedRecord(
                 f"record at offset {offset} of the log: {exc}; replay.spark handles "
                 "events and epoch records only (upgrade cdc-agent to read this log)") from exc
-        if not isinstance(record, EpochRecord):
-            raise UnsupportedRecord(
-                f"record at offset {offset} of the log is a {type(record).__name__}; "
-                "replay.spark handles events and epoch records only (baselines and "
-                "checkpoints are not supported yet)")
-        records.append(record)
+        for record in expand(decoded):  # a run of epoch records: each one
+            if not isinstance(record, EpochRecord):
+                raise UnsupportedRecord(
+                    f"record at offset {offset} of the log is a {type(record).__name__}; "
+                    "replay.spark handles events and epoch records only (baselines and "
+                    "checkpoints are not supported yet)")
+            records.append(record)
     return records
 
 

@@ -1,10 +1,11 @@
 """The agent's sink onto a wal3 log, and the consumer that reads it back.
 
-Each ``write_events`` and each ``write_epoch`` becomes one wal3 record whose body is
-the ``sinks.codec`` message (``encode_events`` / ``encode_epoch``); records keep the
-order the agent ships them in. ``flush`` returns once every record written so far is
-linked into the manifest. ``read_log`` decodes the records back in log order and,
-given a cursor name, resumes where that cursor points and moves it as it goes.
+Each ``write_events``, ``write_epoch`` and ``write_epochs`` (a run of epoch records)
+becomes one wal3 record whose body is the ``sinks.codec`` message (``encode_events`` /
+``encode_epoch`` / ``encode_epochs``); records keep the order the agent ships them in.
+``flush`` returns once every record written so far is linked into the manifest.
+``read_log`` decodes the records back in log order and, given a cursor name, resumes
+where that cursor points and moves it as it goes.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from typing import Any, NoReturn
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed, SinkError
 from sinks.codec import (
+    EpochRun,
     EventBatch,
     SnapshotChunk,
     decode,
     encode_epoch,
+    encode_epochs,
     encode_events,
     encode_snapshot,
+    records,
 )
 from sinks.objstore import ObjectStore
 from sinks.wal3._cursors import CursorStore
@@ -68,6 +72,10 @@ class Wal3Sink:
 
     def write_epoch(self, record: EpochRecord) -> None:
         self._submit(encode_epoch(record))
+
+    def write_epochs(self, run: EpochRun) -> None:
+        """A run of epoch records as one wal3 record (one message, kind EPOCHS)."""
+        self._submit(encode_epochs(run))
 
     def write_snapshot(self, chunk: SnapshotChunk) -> None:
         self._submit(encode_snapshot(chunk))
@@ -123,7 +131,8 @@ def read_log(
     store_or_uri: ObjectStore | str, cursor: str | None = None, *, prefix: str = "",
     endpoint_url: str | None = None, from_offset: int | None = None,
 ) -> Iterator[EventBatch | EpochRecord | SnapshotChunk | StateDelta]:
-    """Decode the log's records in order, up to its end as of the call.
+    """Decode the log's records in order, up to its end as of the call (a run of
+    epoch records comes out as its ``EpochRecord``s, one by one).
 
     On a log collected below a checkpoint (``sinks.wal3._state``), reading from the
     start, or from an offset that was collected, first yields the checkpoint and the
@@ -171,6 +180,6 @@ def read_log(
     for fragment in reader.scan(begin, manifest=manifest):
         for record in reader.fetch(fragment):
             if record.offset >= begin:
-                yield decode(record.body)
+                yield from records(decode(record.body))
         if cursors is not None and cursor is not None and witness is not None:
             witness = cursors.save(cursor, fragment.limit, witness)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sequencer import ABSENT, ChangeEvent, EpochRecord
 from sinks.codec import (
     CodecError,
+    EpochRun,
     EventBatch,
     SnapshotChunk,
     decode,
@@ -30,11 +31,13 @@ from sinks.codec import (
     decode_value,
     encode_debezium_event,
     encode_epoch,
+    encode_epochs,
     encode_events,
     encode_key,
     encode_native_events,
     encode_snapshot,
     encode_value,
+    records,
     segment_digests,
 )
 from tests.fuzz._mutate import FUZZ, damaged, damaged_json
@@ -50,6 +53,13 @@ MESSAGES = [
     encode_events(EventBatch.from_events([])),
     encode_epoch(EpochRecord(7, 2, 3, 9, 26, True, (("t", 20), ("u", 6)), "ab" * 32, 3)),
     encode_epoch(EpochRecord(7, 3, 9, 12, 0, False)),
+]
+RUNS = [  # EPOCHS messages (codec version 3): runs of epoch records
+    encode_epochs(EpochRun.from_records([
+        EpochRecord(7, 2, 3, 9, 26, False, (("t", 20), ("u", 6)), "ab" * 32),
+        EpochRecord(7, 3, 9, 12, 0, True),
+        EpochRecord(7, 4, 12, 15, 1, False, (("é", 1),), "cd" * 32, 4)])),
+    encode_epochs(EpochRun.from_records([])),
 ]
 SNAPSHOTS = [
     encode_snapshot(SnapshotChunk.build(7, 2, 9, 1, 0, False, None, ("t", 5), [
@@ -72,6 +82,12 @@ def use(message: bytes) -> None:
     elif isinstance(decoded, SnapshotChunk):
         assert len(decoded.cells()) == decoded.cell_count
         decoded.actual_setsum()
+    elif isinstance(decoded, EpochRun):
+        expanded = records(decoded)
+        assert len(expanded) == len(decoded)
+        assert all(isinstance(r, EpochRecord) for r in expanded)
+        again = EpochRun.from_records(expanded)  # type: ignore[arg-type]
+        assert records(decode(encode_epochs(again))) == expanded
     else:
         assert isinstance(decoded, EpochRecord)
         assert decode(encode_epoch(decoded)) == decoded
@@ -95,6 +111,14 @@ def test_damaged_event_payloads_decode_or_raise_codec_error(message: bytes) -> N
 @given(damaged(SNAPSHOTS) | damaged(SNAPSHOTS, keep=5))
 def test_damaged_snapshot_chunks_decode_or_raise_codec_error(message: bytes) -> None:
     """SNAPSHOT messages (codec version 2): the same, cells and setsum used after."""
+    use(message)
+
+
+@FUZZ
+@given(damaged(RUNS) | damaged(RUNS, keep=5))
+def test_damaged_epoch_runs_decode_or_raise_codec_error(message: bytes) -> None:
+    """EPOCHS messages (codec version 3): the same; a run that decodes expands into
+    records that encode back to the same run."""
     use(message)
 
 
@@ -148,15 +172,15 @@ def test_a_snapshot_cell_never_holds_absent() -> None:
 
 
 def test_a_crash_in_a_child_process_fails_this_test() -> None:
-    """Thousands of damaged EVENTS and SNAPSHOT messages decoded and used in a child: it
+    """Thousands of damaged EVENTS, SNAPSHOT and EPOCHS messages decoded and used in a child: it
     exits 0 (a
     segfault, as one flipped bit caused before decode validated, would not)."""
     code = textwrap.dedent("""
         import random
-        from tests.fuzz.test_codec_fuzz import MESSAGES, SNAPSHOTS, use
+        from tests.fuzz.test_codec_fuzz import MESSAGES, RUNS, SNAPSHOTS, use
         rng = random.Random(20261122)
         for n in range(4000):
-            data = bytearray(MESSAGES[0] if n % 2 else SNAPSHOTS[0])
+            data = bytearray((MESSAGES[0], SNAPSHOTS[0], RUNS[0])[n % 3])
             for _ in range(rng.randint(1, 3)):
                 data[rng.randrange(5, len(data))] ^= 1 << rng.randrange(8)
             use(bytes(data))

@@ -22,6 +22,7 @@ from replay import Assembler, Changeset, InconsistentLog, collect_log, compact_l
 from replay._resume import frontier_of
 from sinks import Setsum
 from sinks.codec import decode
+from sinks.codec import records as expand
 from sinks.objstore import InMemoryObjectStore
 from sinks.wal3 import (
     CorruptState,
@@ -64,7 +65,8 @@ def clone(objs: InMemoryObjectStore, name: str) -> InMemoryObjectStore:
 
 
 def raw_records(objs: InMemoryObjectStore) -> list[tuple[int, Record]]:
-    return [(r.offset, decode(r.body)) for r in LogReader(objs).records()]
+    # An EPOCHS record holds a run of epoch records: each at that record's offset.
+    return [(r.offset, x) for r in LogReader(objs).records() for x in expand(decode(r.body))]
 
 
 def positioned_at(records: list[tuple[int, Record]], point: int) -> Assembler:

@@ -8,6 +8,7 @@ import threading
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent import system_ids
 from sequencer import MonotonicIds, id_le, id_lt
 
 NS = 1_000_000_000
@@ -35,7 +36,7 @@ def assert_strictly_increasing(ids: list[int]) -> None:
 
 def test_ids_strictly_increase_across_eight_threads() -> None:
     """8 threads x 100k ids: every thread sees increasing ids, and no id is issued twice."""
-    ids = MonotonicIds()
+    ids = system_ids()
     results: list[list[int]] = [[] for _ in range(8)]
 
     def work(out: list[int]) -> None:

@@ -204,8 +204,8 @@ def test_keys_and_epoch_messages_are_the_documented_bytes() -> None:
     body = ("0102030405060708" "0000000000000002" "0000000000000003"
             "0000000000000004" "0000000000000005" "03" "00000009" + "ab" * 32
             + "0001" "0001" "74" "0000000000000006")
-    assert encode_epoch(record).hex() == "434443" "02" "02" + body  # written as version 2
-    assert decode(bytes.fromhex("434443" "02" "02" + body)) == record
+    assert encode_epoch(record).hex() == "434443" "03" "02" + body  # written as version 3
+    assert decode(bytes.fromhex("434443" "02" "02" + body)) == record  # version 2 still read
     assert decode(bytes.fromhex("434443" "01" "02" + body)) == record  # version 1 still read
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from replay import Assembler
 from sequencer import EpochRecord
 from sinks.codec import (
+    FORMAT_VERSION,
     CodecError,
     EventBatch,
     SnapshotChunk,
@@ -83,8 +84,8 @@ def test_kind_3_needs_version_2_and_unknown_versions_are_refused() -> None:
     good = encode_snapshot(SnapshotChunk.build(1, 2, 3, 4, 0, True, None, None, []))
     with pytest.raises(CodecError, match="unknown message kind"):
         decode(b"CDC\x01" + good[4:])
-    with pytest.raises(CodecError, match="version 3; this reader knows versions 1, 2"):
-        decode(b"CDC\x03" + good[4:])
+    with pytest.raises(CodecError, match="version 4; this reader knows versions 1, 2, 3"):
+        decode(b"CDC\x04" + good[4:])
 
 
 def _fixture_messages() -> list[bytes]:
@@ -99,7 +100,7 @@ def _fixture_messages() -> list[bytes]:
 
 def test_a_version_1_log_still_replays_bit_for_bit() -> None:
     """A log written by codec version 1 (tests/fixtures/logs/v1, made by make_v1.py with
-    the version-1 code) decodes, re-encodes to the same payloads under version 2, and
+    the version-1 code) decodes, re-encodes to the same payloads under this version, and
     replays to the very states recorded then, every value bit for bit."""
     messages = _fixture_messages()
     assert messages and all(m[:4] == b"CDC\x01" for m in messages)
@@ -107,7 +108,7 @@ def test_a_version_1_log_still_replays_bit_for_bit() -> None:
     for message, record in zip(messages, decoded, strict=True):
         again = (encode_events(record) if isinstance(record, EventBatch)
                  else encode_epoch(record) if isinstance(record, EpochRecord) else b"")
-        assert again[:4] == b"CDC\x02" and again[4:] == message[4:]
+        assert again[3] == FORMAT_VERSION and again[4:] == message[4:]
     expected = json.loads((FIXTURE / "states.json").read_text())
     got = [{"epoch_seq": s.epoch_seq,
             "cells": sorted([t, encode_value(r).hex(), c, encode_value(v).hex()]

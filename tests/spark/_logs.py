@@ -19,7 +19,7 @@ from agent import Agent, MemoryStore
 from agent._workload import Workload
 from replay import Assembler, Snapshot
 from sequencer import EpochRecord, MonotonicIds
-from sinks.codec import EventBatch
+from sinks.codec import EpochRun, EventBatch
 from sinks.wal3 import Wal3Sink, WriterOptions, read_log
 from tests.helpers import bits
 
@@ -40,6 +40,10 @@ class SharedSink:
     def write_epoch(self, record: EpochRecord) -> None:
         with self._lock:
             self.sink.write_epoch(record)
+
+    def write_epochs(self, run: EpochRun) -> None:  # runs of epoch records: EPOCHS messages
+        with self._lock:
+            self.sink.write_epochs(run)
 
     def flush(self) -> None:
         with self._lock:
