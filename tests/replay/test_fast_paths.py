@@ -4,7 +4,8 @@
   ``Assembler.feed`` one record at a time (one interval at a time, the Z-set cancel-out):
   the same changesets, then the same error.
 - ``net_changes`` (chains in (batch, seq) order) against ``cancel_out`` (the Z-set sum).
-- ``segment_digest_array`` against the setsum item written out from the codec's layout.
+- ``segment_digest_array`` and ``row_segment_digests`` against the setsum item written out
+  from the codec's layout.
 """
 
 from __future__ import annotations
@@ -251,3 +252,6 @@ def test_segment_digest_array_matches_the_layout(
         codec._ITEM_ROWS = original  # type: ignore[misc]
         codec._SMALL_ROWS = small  # type: ignore[misc]
     assert [digests[32 * k:32 * k + 32] for k in range(len(starts))] == [d for *_, d in want]
+    # The same items from Python rows (a Kafka partition's few events), no Arrow.
+    rows_py = [tuple(r.values()) for r in data.to_pylist()]
+    assert codec.row_segment_digests(rows_py) == [d for *_, d in want]
