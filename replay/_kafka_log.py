@@ -229,7 +229,7 @@ class KafkaLog:
         if self._failure is not None:
             raise self._failure
         self._next_offset[partition] = offset + 1
-        if value is not None and value[:3] == EVENT_MAGIC:
+        if value is not None and value.startswith(EVENT_MAGIC):
             try:
                 event = decode_event(value)
             except CodecError as exc:
@@ -270,7 +270,7 @@ class KafkaLog:
         if applied_end is not None and id_lt(event.batch_id, applied_end):
             self.duplicates += 1  # a copy of an event already applied
             return
-        lane = self._lane(partition, domain)
+        lane = self._lanes[partition].get(domain) or self._lane(partition, domain)
         if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
