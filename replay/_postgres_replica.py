@@ -10,9 +10,10 @@ feed the changesets again; any at or before the stored position is a no-op.
 The tables are laid out as on the source (see ``docs/postgres.md``): each table has a
 key column with a unique index, nullable value columns, and optionally a ``text[]``
 presence column; ``tables`` maps names to anything with ``key_column``, ``columns``
-and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged with
-a binary COPY into a temporary table per target table, then merged with one UPDATE
-and one INSERT: a few statements per changeset, whatever its size.
+and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged into
+a temporary table per target table (a few rows as binary parameters in the same
+pipeline as the merge, more with a binary COPY), then merged with one UPDATE and one
+INSERT: a few statements per changeset, whatever its size.
 
 psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
 ``ReplicaError`` here.
