@@ -20,6 +20,7 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -696,9 +697,10 @@ class _Run:
         return len(self._seqs)
 
     def __iter__(self) -> Iterator[Changeset]:
-        domain_id, net, positions = self._domain_id, self._net, self._positions
-        for index, (seq, count) in enumerate(zip(self._seqs, net.counts, strict=True)):
-            yield Changeset(domain_id, seq, count, positions, net, index)
+        n = len(self._seqs)
+        return map(Changeset, itertools.repeat(self._domain_id, n), self._seqs,
+                   self._net.counts, itertools.repeat(self._positions, n),
+                   itertools.repeat(self._net, n), range(n))
 
 
 @dataclass(frozen=True, slots=True)
