@@ -10,10 +10,9 @@ feed the changesets again; any at or before the stored position is a no-op.
 The tables are laid out as on the source (see ``docs/postgres.md``): each table has a
 key column with a unique index, nullable value columns, and optionally a ``text[]``
 presence column; ``tables`` maps names to anything with ``key_column``, ``columns``
-and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged into
-a temporary table per target table (a few rows as binary parameters in the same
-pipeline as the merge, more with a binary COPY), then merged with one UPDATE and one
-INSERT: a few statements per changeset, whatever its size.
+and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged with
+a binary COPY into a temporary table per target table, then merged with one UPDATE
+and one INSERT: a few statements per changeset, whatever its size.
 
 psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
 ``ReplicaError`` here.
@@ -42,7 +41,6 @@ log = structlog.get_logger()
 Cell = tuple[str, RowKey, str]
 
 POSITION_TABLE: Final = "cdc_agent_position"
-_PIPELINED_ROWS: Final = 256  # staging rows sent as parameters with the merge (else COPY)
 
 _TYPES: Final[dict[str, type]] = {
     "int2": int, "int4": int, "int8": int, "float8": float, "text": str, "varchar": str,
@@ -101,7 +99,6 @@ class _Table:
     stage: str
     create_stage: bytes
     copy: bytes
-    insert_stage: bytes  # one staging row, binary parameters (a few rows: no COPY)
     merge_update: bytes
     merge_insert: bytes
     scan: bytes
@@ -168,10 +165,6 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
                 p=ident(presence), tp=ident("t", presence)))
         insert_names.append(ident(presence))
         insert_values.append(sql.SQL("s.present"))
-    insert_stage = sql.SQL("INSERT INTO {stage} (k, changed, present, was_present, {values}) "
-                           "VALUES ({params})").format(
-        stage=stage, values=sql.SQL(", ").join(value_names + before_names),
-        params=sql.SQL(", ").join(sql.SQL("%b") for _ in range(4 + 2 * len(columns))))
     merge_update = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE {tk} = s.k"
                            ).format(t=table, sets=sql.SQL(", ").join(sets), stage=stage,
                                     tk=ident("t", layout.key_column))
@@ -214,8 +207,8 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
                   *value_types, *value_types)
     return _Table(name, layout.key_column, key_type, columns, types, copy_types, kinds, presence,
                   stage_name, create_stage.as_bytes(None), copy.as_bytes(None),
-                  insert_stage.as_bytes(None), merge_update.as_bytes(None),
-                  merge_insert.as_bytes(None), scan.as_bytes(None), check_before.as_bytes(None))
+                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
+                  check_before.as_bytes(None))
 
 
 class PostgresReplica:
@@ -334,8 +327,7 @@ class PostgresReplica:
         Step 1. Begin; lock this consumer's position row and read the stored token.
         Step 2. Drop the changesets the position already covers (each a no-op); merge
                 the rest into one set of cell changes and the position after the last.
-        Step 3. Per table: stage the changed rows: up to _PIPELINED_ROWS of them as
-                binary parameters in the round trip of steps 4 and 5, more by binary COPY.
+        Step 3. Per table: binary COPY the changed rows into the staging table.
         Step 4. Per table: check that the rows hold what the changesets replace (their
                 ``before`` values; unless ``verify_before=False``), then UPDATE the rows
                 that exist and INSERT the ones that do not.
@@ -372,21 +364,12 @@ class PostgresReplica:
                 if not fresh:
                     return 0
                 self._step("read")
-                # Step 3: a few rows go as parameters in the round trip of steps 4 and
-                # 5 (pipeline mode); more, by binary COPY first.
-                staging = self._staging_rows(merged, before)
-                few = sum(len(rows) for _table, rows in staging) <= _PIPELINED_ROWS
-                if not few:
-                    self._copy(staging)
-                    self._step("staged")
-                staged = [table for table, _rows in staging]
+                # Step 3.
+                staged = self._stage(merged, before)
+                self._step("staged")
+                # Steps 4 and 5 go in one round trip (pipeline mode).
                 checks = []
                 with conn.pipeline():
-                    if few:
-                        with conn.cursor() as cursor:
-                            for table, rows in staging:
-                                cursor.executemany(table.insert_stage, rows)
-                        self._step("staged")
                     # Step 4.
                     for table in staged:
                         if self._verify_before:
@@ -422,51 +405,42 @@ class PostgresReplica:
         if self._fault is not None:
             self._fault(name)
 
-    def _copy(self, staging: list[tuple[_Table, list[list[object]]]]) -> None:
-        """Binary COPY each table's staging rows into its staging table."""
-        for table, rows in staging:
-            with self._conn.cursor().copy(table.copy) as copy:
-                copy.set_types(list(table.copy_types))
-                for staged_row in rows:
-                    copy.write_row(staged_row)
-
-    def _staging_rows(self, merged: Mapping[Cell, Value | Absent],
-                      before: Mapping[Cell, Value | Absent]
-                      ) -> list[tuple[_Table, list[list[object]]]]:
-        """Per table, its staging rows (checked: nothing is sent before all are)."""
+    def _stage(self, merged: Mapping[Cell, Value | Absent],
+               before: Mapping[Cell, Value | Absent]) -> list[_Table]:
         by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
         for (table_name, row, column), value in merged.items():
             by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
-        staging: list[tuple[_Table, list[list[object]]]] = []
+        staged = []
         for name, rows in by_row.items():
             table = self._tables.get(name)
             if table is None:
                 raise ReplicaError(f"a changeset writes table {name!r}, which this replica "
                                    f"does not hold ({sorted(self._tables)}); nothing applied")
             index = {c: i for i, c in enumerate(table.columns)}
-            width = len(table.columns)
-            table_rows: list[list[object]] = []
-            for row, cells in rows.items():
-                values: list[object] = [None] * (2 * width)  # new values, then before
-                present, was_present = [], []
-                for column, value in cells.items():
-                    i = index.get(column)
-                    if i is None:
-                        raise ReplicaError(
-                            f"a changeset writes column {name}.{column}, which this "
-                            "replica does not hold; nothing applied")
-                    if value is not ABSENT:
-                        _check(table, i, value)  # type: ignore[arg-type]
-                        values[i] = value
-                        present.append(column)
-                    old = before.get((name, row, column), ABSENT)
-                    if old is not ABSENT:
-                        _check(table, i, old)  # type: ignore[arg-type]
-                        values[width + i] = old
-                        was_present.append(column)
-                table_rows.append([row, list(cells), present, was_present, *values])
-            staging.append((table, table_rows))
-        return staging
+            with self._conn.cursor().copy(table.copy) as copy:
+                copy.set_types(list(table.copy_types))
+                width = len(table.columns)
+                for row, cells in rows.items():
+                    values: list[object] = [None] * (2 * width)  # new values, then before
+                    present, was_present = [], []
+                    for column, value in cells.items():
+                        i = index.get(column)
+                        if i is None:
+                            raise ReplicaError(
+                                f"a changeset writes column {name}.{column}, which this "
+                                "replica does not hold; nothing applied")
+                        if value is not ABSENT:
+                            _check(table, i, value)  # type: ignore[arg-type]
+                            values[i] = value
+                            present.append(column)
+                        old = before.get((name, row, column), ABSENT)
+                        if old is not ABSENT:
+                            _check(table, i, old)  # type: ignore[arg-type]
+                            values[width + i] = old
+                            was_present.append(column)
+                    copy.write_row([row, list(cells), present, was_present, *values])
+            staged.append(table)
+        return staged
 
     def close(self) -> None:
         self._conn.close()
