@@ -17,15 +17,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import structlog
 
+from agent import _operations as operations
 from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipment, Shipper, ShippingFailed
 from agent._store import RelaxedStore
 from sequencer import (
-    ABSENT,
     Absent,
     BatchTicket,
     EpochRecord,
@@ -33,9 +33,6 @@ from sequencer import (
     MonotonicIds,
     RowKey,
     Value,
-    check_name,
-    check_row,
-    check_value,
     check_write,
     new_domain_id,
 )
@@ -46,6 +43,8 @@ if TYPE_CHECKING:
     from agent._metrics import CaptureMetrics
 
 __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
+
+T = TypeVar("T")
 
 log = structlog.get_logger()
 
@@ -377,31 +376,6 @@ class _Capture:
             self._ship_segment(batch)
 
 
-def check_update(table: str, rows: Iterable[RowKey],
-                 values: Mapping[str, Value]) -> list[RowKey]:
-    """Checks of an ``update`` (all before the store is touched); returns the rows."""
-    check_name("table", table)
-    checked = [check_row(r) for r in rows]
-    for column, value in values.items():
-        check_name("column", column)
-        check_value(value)
-    return checked
-
-
-def check_conditional(
-    table: str,
-    changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
-) -> None:
-    """Checks of a ``conditional_set`` (all before the store is touched)."""
-    check_name("table", table)
-    for row, cells in changes.items():
-        check_row(row)
-        for column, (_expected, new) in cells.items():
-            check_name("column", column)
-            if new is not ABSENT:
-                check_value(new)
-
-
 class Agent(_Capture):
     """Captures every write to a relaxed store as change events in write batches.
 
@@ -414,16 +388,18 @@ class Agent(_Capture):
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self.store = store
 
-    # -- writes ----------------------------------------------------------------------------
+    # -- writes: each operation is defined once in agent._operations -------------------
 
     def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
         """Write one cell; return the value it replaced (ABSENT if it did not exist)."""
+        # The hot path: ``operations.set_cell``'s steps inlined, because driving its
+        # generator would double the cost of a write. tests/agent/test_operations.py
+        # holds the two to the same events and results.
         check_write(table, row, column, value)
         batch = self._current.get()
         if batch is None:  # an automatic short batch for this one write
             with self.batch():
                 return self.set(table, row, column, value)
-        # The hot path, inlined: the store's exchange, then one tuple appended.
         old = self.store.exchange(table, row, column, value)
         events = batch.events
         events.append((table, row, column, old, value))
@@ -433,43 +409,16 @@ class Agent(_Capture):
 
     def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Remove one cell; return the value it held (ABSENT if none: no event)."""
-        check_name("table", table)
-        check_row(row)
-        check_name("column", column)
-        with self.batch():
-            batch = self._current.get()
-            assert batch is not None
-            old = self.store.exchange(table, row, column, ABSENT)
-            if old is not ABSENT:
-                self._record(batch, (table, row, column, old, ABSENT))
-            return old
+        return self._apply(operations.delete_cell(table, row, column))
 
     def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
         """Remove every cell of a row, in one batch; return the values removed."""
-        check_name("table", table)
-        check_row(row)
-        removed: dict[str, Value] = {}
-        with self.batch():
-            batch = self._current.get()
-            assert batch is not None
-            for column in self.store.read_row(table, row):
-                old = self.store.exchange(table, row, column, ABSENT)
-                if old is not ABSENT:  # a racing writer may have removed it first
-                    removed[column] = old  # type: ignore[assignment]
-                    self._record(batch, (table, row, column, old, ABSENT))
-        return removed
+        return self._apply(operations.clear_row(table, row))
 
     def update(self, table: str, rows: Iterable[RowKey],
                values: Mapping[str, Value]) -> None:
         """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
-        rows = check_update(table, rows, values)
-        with self.batch():
-            batch = self._current.get()
-            assert batch is not None
-            for row in rows:
-                for column, value in values.items():
-                    old = self.store.exchange(table, row, column, value)
-                    self._record(batch, (table, row, column, old, value))
+        self._apply(operations.update(table, rows, values))
 
     def conditional_set(
         self, table: str,
@@ -481,22 +430,23 @@ class Agent(_Capture):
         expected value, and earlier cells of that row stay written (the store fails
         partially, at row granularity at best). Only swaps that happened become events.
         """
-        check_conditional(table, changes)
-        results: dict[RowKey, bool] = {}
-        with self.batch():
-            batch = self._current.get()
-            assert batch is not None
-            for row, cells in changes.items():
-                ok = True
-                for column, (expected, new) in cells.items():
-                    swapped, old = self.store.compare_exchange(table, row, column, expected, new)
-                    if not swapped:
-                        ok = False
-                        break
-                    if not (old is ABSENT and new is ABSENT):
-                        self._record(batch, (table, row, column, old, new))
-                results[row] = ok
-        return results
+        return self._apply(operations.conditional_set(table, changes))
+
+    def _apply(self, op: operations.Operation[T]) -> T:
+        """Drive one operation in the batch in force, or in an automatic batch of its own
+        (opened only once the operation's checks passed)."""
+        try:
+            step = next(op)  # the checks: no batch opened, the store not touched yet
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        batch = self._current.get()
+        if batch is None:  # an automatic short batch for this one operation
+            with self.batch():
+                batch = self._current.get()
+                assert batch is not None
+                return operations.run(self.store, op, step,
+                                      lambda event: self._record(batch, event))
+        return operations.run(self.store, op, step, lambda event: self._record(batch, event))
 
     def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Read one cell (no batch, no event)."""

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
-from agent._agent import _Batch, _Capture, check_conditional, check_update
+from agent import _operations as operations
+from agent._agent import _Capture
 from agent._baseline import BaselineReport, SnapshotProgress, atake_baseline
 from agent._store import AsyncRelaxedStore
-from sequencer import ABSENT, Absent, RowKey, Value, check_name, check_row, check_write
+from sequencer import Absent, RowKey, Value
 from sinks import Sink
 
 __all__ = ["AsyncAgent"]
+
+T = TypeVar("T")
 
 
 class AsyncAgent(_Capture):
@@ -34,90 +38,42 @@ class AsyncAgent(_Capture):
         return await atake_baseline(self, self.store, chunk_rows=chunk_rows,
                                     progress=progress)
 
-    async def _batch_here(self) -> tuple[_Batch, bool]:
-        """The batch in force, or a fresh automatic one (``True``: close it after)."""
-        batch = self._current.get()
-        if batch is not None:
-            return batch, False
-        return await self._aopen(), True
-
     async def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
-        check_write(table, row, column, value)
-        batch, auto = await self._batch_here()
-        try:
-            old = await self.store.exchange(table, row, column, value)
-            self._record(batch, (table, row, column, old, value))
-            return old
-        finally:
-            if auto:
-                self._close(batch)
+        return await self._apply(operations.set_cell(table, row, column, value))
 
     async def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
-        check_name("table", table)
-        check_row(row)
-        check_name("column", column)
-        batch, auto = await self._batch_here()
-        try:
-            old = await self.store.exchange(table, row, column, ABSENT)
-            if old is not ABSENT:
-                self._record(batch, (table, row, column, old, ABSENT))
-            return old
-        finally:
-            if auto:
-                self._close(batch)
+        return await self._apply(operations.delete_cell(table, row, column))
 
     async def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
-        check_name("table", table)
-        check_row(row)
-        removed: dict[str, Value] = {}
-        batch, auto = await self._batch_here()
-        try:
-            for column in await self.store.read_row(table, row):
-                old = await self.store.exchange(table, row, column, ABSENT)
-                if old is not ABSENT:
-                    removed[column] = old  # type: ignore[assignment]
-                    self._record(batch, (table, row, column, old, ABSENT))
-            return removed
-        finally:
-            if auto:
-                self._close(batch)
+        return await self._apply(operations.clear_row(table, row))
 
     async def update(self, table: str, rows: Iterable[RowKey],
                      values: Mapping[str, Value]) -> None:
-        rows = check_update(table, rows, values)
-        batch, auto = await self._batch_here()
-        try:
-            for row in rows:
-                for column, value in values.items():
-                    old = await self.store.exchange(table, row, column, value)
-                    self._record(batch, (table, row, column, old, value))
-        finally:
-            if auto:
-                self._close(batch)
+        await self._apply(operations.update(table, rows, values))
 
     async def conditional_set(
         self, table: str,
         changes: Mapping[RowKey, Mapping[str, tuple[Value | Absent, Value | Absent]]],
     ) -> dict[RowKey, bool]:
-        check_conditional(table, changes)
-        results: dict[RowKey, bool] = {}
-        batch, auto = await self._batch_here()
+        return await self._apply(operations.conditional_set(table, changes))
+
+    async def _apply(self, op: operations.Operation[T]) -> T:
+        """Drive one operation (agent._operations) in the batch in force, or in an
+        automatic batch of its own, opened only once the operation's checks passed."""
         try:
-            for row, cells in changes.items():
-                ok = True
-                for column, (expected, new) in cells.items():
-                    swapped, old = await self.store.compare_exchange(table, row, column,
-                                                                     expected, new)
-                    if not swapped:
-                        ok = False
-                        break
-                    if not (old is ABSENT and new is ABSENT):
-                        self._record(batch, (table, row, column, old, new))
-                results[row] = ok
-            return results
+            step = next(op)  # the checks: no batch opened, the store not touched yet
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        batch = self._current.get()
+        if batch is not None:
+            return await operations.arun(self.store, op, step,
+                                         lambda event: self._record(batch, event))
+        auto = await self._aopen()
+        try:
+            return await operations.arun(self.store, op, step,
+                                         lambda event: self._record(auto, event))
         finally:
-            if auto:
-                self._close(batch)
+            self._close(auto)
 
     async def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
         return await self.store.get(table, row, column)

@@ -1,10 +1,14 @@
-"""``cdc-agent log inspect|scrub|verify|gc URI``: look after a wal3 log.
+"""``cdc-agent log inspect|scrub|verify|gc|checkpoint|compact URI``: look after a wal3 log.
 
 - ``inspect``: the manifest at a glance (offsets, setsums, snapshot tree, cursors, GC).
 - ``scrub``: read every snapshot and fragment and check every setsum and invariant.
 - ``verify``: scrub, then replay the log through the Assembler (counts, setsums, the
   cancel-out check at every quiescence point).
-- ``gc``: run (or resume) a three-phase garbage collection below the lowest cursor.
+- ``gc``: write a checkpoint at the lowest cursor, then run (or resume) a three-phase
+  garbage collection below it: a new consumer or ``verify`` starts from the checkpoint.
+- ``checkpoint``: write a checkpoint (the state at the lowest cursor, or ``--at``).
+- ``compact``: every cursor is a retained point: a checkpoint at the lowest, one stripe
+  of net changes between each two, the fragments below the newest collected.
 
 URIs: a folder (``file:///dir`` or a plain path), ``s3://bucket/prefix`` (with
 ``--endpoint-url`` for S3-compatible servers). Progress goes to stderr; the exit status
@@ -38,7 +42,9 @@ def register(subparsers: Any) -> None:
         ("inspect", _inspect, "summarise the manifest"),
         ("scrub", _scrub, "check every snapshot and fragment against the setsums"),
         ("verify", _verify, "scrub, then replay the log through the Assembler"),
-        ("gc", _gc, "garbage-collect below the lowest cursor"),
+        ("gc", _gc, "checkpoint at the lowest cursor, then garbage-collect below it"),
+        ("checkpoint", _checkpoint, "write a checkpoint beside the log"),
+        ("compact", _compact, "compact the log against its cursors, then collect"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("uri", metavar="URI",
@@ -51,6 +57,10 @@ def register(subparsers: Any) -> None:
         if name == "gc":
             sub.add_argument("--keep-at-least", type=int, default=None, metavar="OFFSET",
                              help="collect only below this offset too (needed if no cursor)")
+        if name == "checkpoint":
+            sub.add_argument("--at", type=int, default=None, metavar="OFFSET",
+                             help="the offset it stands for (default: the lowest cursor, "
+                                  "else the log's end)")
         sub.set_defaults(run=run)
 
 
@@ -79,6 +89,7 @@ def _inspect(args: argparse.Namespace) -> int:
         positions = {name: w.cursor.position for name in cursors.list()
                      if (w := cursors.load(name)) is not None}
         garbage, _ = GarbageCollector(reader.store).load_garbage()
+        state = _state_summary(reader, manifest)
     except (Wal3Error, ValueError) as exc:
         return _fail_open(args, exc)
     problems = manifest.problems()
@@ -98,6 +109,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "root_fragments": len(manifest.fragments),
         "cursors": positions,
         "gc_in_progress": not garbage.is_empty(),
+        "state": state,
         "manifest_problems": problems,
     }
     if args.json:
@@ -106,6 +118,19 @@ def _inspect(args: argparse.Namespace) -> int:
         for key, value in info.items():
             print(f"{key:<18} {value}")
     return 1 if problems else 0
+
+
+def _state_summary(reader: Any, manifest: Any) -> dict[str, Any] | None:
+    """The published checkpoint and stripes at a glance (None: there are none)."""
+    from sinks.wal3 import load_state_index
+
+    index = load_state_index(reader.store, manifest)
+    if index is None:
+        return None
+    return {"index": index.path, "retained_points": index.points,
+            "checkpoint_cells": index.entries[0].cells,
+            "stripe_cells": [e.cells for e in index.entries[1:]],
+            "bytes": sum(e.num_bytes for e in index.entries)}
 
 
 def _progress(started: float) -> Any:
@@ -131,9 +156,30 @@ def _run_scrub(args: argparse.Namespace) -> tuple[Any, int]:
     print(f"records           {report.records:,}")
     print(f"bytes             {report.bytes:,}")
     print(f"setsum            {report.manifest_setsum}")
+    if not report.problems:  # the checkpoint and stripes of a sound log
+        report.problems += _state_problems(reader)
     for problem in report.problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return report, 1 if report.problems else 0
+
+
+def _state_problems(reader: Any) -> list[str]:
+    """Check the published checkpoint and stripes: each object against its hash and
+    setsums, the state setsum along the chain, and the replaced-records accounting."""
+    from sinks.wal3 import Wal3Error, check_accounting, iter_state_deltas, load_state_index
+
+    try:
+        manifest = reader.manifest()
+        index = load_state_index(reader.store, manifest)
+        if index is None:
+            return []
+        deltas = list(iter_state_deltas(reader.store, index))
+        check_accounting(reader, manifest, index)
+    except Wal3Error as exc:
+        return [str(exc)]
+    print(f"checkpoint        offset {index.entries[0].hi}, {index.entries[0].cells:,} cells; "
+          f"{len(deltas) - 1} stripe(s) up to offset {index.limit}")
+    return []
 
 
 def _scrub(args: argparse.Namespace) -> int:
@@ -172,14 +218,23 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from sinks.wal3 import GarbageCollector, Wal3Error
+    from replay import InconsistentLog, collect_log
+    from sinks.codec import CodecError
+    from sinks.wal3 import Wal3Error
 
     try:
         reader = _open(args)
-        report = GarbageCollector(reader.store).collect(keep_at_least=args.keep_at_least)
-    except (Wal3Error, ValueError) as exc:
-        print(redact(f"cdc-agent log gc: {exc}"), file=sys.stderr)
+        compaction = collect_log(reader.store.store, args.keep_at_least,
+                                 prefix=args.prefix)
+    except (Wal3Error, ValueError, InconsistentLog, CodecError) as exc:
+        print(redact(f"cdc-agent log gc: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
+    report = compaction.gc
+    if report is None:
+        print(f"nothing to collect: {_why_nothing(reader, None)}")
+        return 0
+    print(f"checkpoint        offset {compaction.points[0]}, "
+          f"{compaction.checkpoint_cells:,} cells ({compaction.index})")
     if report.garbage is None:
         print(f"nothing to collect: {_why_nothing(reader, report.cutoff)}")
         return 0
@@ -193,6 +248,44 @@ def _gc(args: argparse.Namespace) -> int:
         print("the manifest moved on; the collection was abandoned, nothing deleted",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    return _state_command(args, "checkpoint")
+
+
+def _compact(args: argparse.Namespace) -> int:
+    return _state_command(args, "compact")
+
+
+def _state_command(args: argparse.Namespace, what: str) -> int:
+    from replay import InconsistentLog, checkpoint_log, compact_log
+    from sinks.codec import CodecError
+    from sinks.wal3 import Wal3Error
+
+    try:
+        reader = _open(args)
+        if what == "checkpoint":
+            report = checkpoint_log(reader.store.store, args.at, prefix=args.prefix)
+        else:
+            report = compact_log(reader.store.store, prefix=args.prefix)
+    except (Wal3Error, ValueError, InconsistentLog, CodecError) as exc:
+        print(redact(f"cdc-agent log {what}: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        return 1
+    print(f"retained points   {report.points}")
+    print(f"checkpoint cells  {report.checkpoint_cells:,}")
+    if report.stripe_cells:
+        print(f"stripe cells      {report.stripe_cells}")
+    print(f"events replaced   {report.events_replaced:,} in {report.records_replaced:,} records")
+    print(f"bytes written     {report.bytes_written:,}")
+    print(f"index             {report.index}")
+    if report.gc is not None:
+        garbage = report.gc.garbage
+        freed = 0 if garbage is None else (garbage.fragments_to_drop_limit
+                                           - garbage.fragments_to_drop_start)
+        print(f"fragments freed   {freed}")
+        print(f"objects deleted   {report.gc.deleted}")
     return 0
 
 

@@ -7,7 +7,10 @@ one atomically (see ``agent._postgres_sql``); no transaction spans two cells. Ea
 call borrows a connection from a small pool, so threads (or tasks) write in parallel.
 
 psycopg 3 is imported when a store is built; without it the error names the extra
-``cdc-agent[postgres]``. psycopg's exceptions are mapped to ours here and only here:
+``cdc-agent[postgres]``. How a call's statements travel (plain, or the verified
+commit) is written once, sans-IO, in ``agent._postgres_protocol``, which also maps
+psycopg's exceptions to ours; ``_drive`` and ``_adrive`` here carry its steps out on
+the pools' connections:
 
 - a value, row key, table or column the tables cannot hold: ``InvalidWrite``, raised
   before anything is sent;
@@ -30,16 +33,22 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from agent._postgres_spec import (
-    PostgresError,
-    SchemaMismatch,
-    TableSpec,
-    WriteFailed,
-    WriteOutcomeUnknown,
+from agent._postgres_protocol import (
+    COMMIT,
+    RELEASE,
+    ROLLBACK,
+    XACT_STATUS_SQL,
+    Call,
+    Pause,
+    Statement,
+    XactStatus,
+    plain_call,
+    verified_call,
 )
+from agent._postgres_protocol import map_error as _map_error  # tests import it from here
+from agent._postgres_spec import PostgresError, SchemaMismatch, TableSpec
 from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value
 
 if TYPE_CHECKING:
@@ -52,6 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncPostgresStore", "PostgresStore", "require_psycopg"]
 
 Cell = tuple[str, RowKey, str]
+_Entry = tuple["psycopg.Connection[Any]", "psycopg.Cursor[Any]"]
+_AsyncEntry = tuple["psycopg.AsyncConnection[Any]", "psycopg.AsyncCursor[Any]"]
 
 
 def require_psycopg() -> Any:
@@ -66,117 +77,121 @@ def require_psycopg() -> Any:
     return psycopg
 
 
-def _map_error(exc: Exception, what: str, writing: bool) -> PostgresError:
-    """Turn a psycopg error into ours; the message says whether the write took effect."""
-    sqlstate = getattr(exc, "sqlstate", None)
-    if not writing:
-        return PostgresError(f"{what} failed ({sqlstate or 'connection lost'}: {exc}); "
-                             "nothing changed; retry")
-    if sqlstate is not None:
-        return WriteFailed(f"PostgreSQL refused {what} ({sqlstate}: {exc}); it did not take "
-                           "effect and no event was recorded")
-    return WriteOutcomeUnknown(
-        f"the connection to PostgreSQL broke during {what} before the server answered "
-        f"({exc}); the write may or may not have taken effect and no event was recorded: "
-        "the log may now lag the store for this cell. Re-read the cell, and write it "
-        "again through the agent to bring the log back in line (or use verify_commits=True)"
-    )
-
-
-_XACT_STATUS: Final = b"SELECT pg_xact_status(%s::xid8)"
-
-
-@dataclass(slots=True)
-class _Commit:
-    """How far a verified write got: its transaction id, and whether COMMIT was sent."""
-
-    xid: str | None = None
-    committing: bool = False
-    result: Any = None
-
-
-def _lost_before_commit(what: str, exc: Exception) -> WriteFailed:
-    return WriteFailed(
-        f"the connection to PostgreSQL broke during {what} before its COMMIT was sent "
-        f"({exc}); the write did not take effect and no event was recorded")
-
-
-def _resolved(status: str | None, commit: _Commit, what: str, exc: Exception) -> Any:
-    """The write's result if its transaction committed; else the error to raise."""
-    if status == "committed":
-        return commit.result
-    if status == "aborted":
-        raise WriteFailed(
-            f"the connection broke while committing {what} ({exc}); the server rolled it "
-            "back: it did not take effect and no event was recorded") from exc
-    raise WriteOutcomeUnknown(
-        f"the connection broke while committing {what} ({exc}) and the server could not "
-        f"say whether transaction {commit.xid} committed (status {status!r}); no event was "
-        "recorded: re-read the cell and write it again through the agent") from exc
-
-
-def _run_verified(cur: psycopg.Cursor[Any], steps: Steps, commit: _Commit) -> Any:
-    """``_run`` inside BEGIN ... COMMIT, noting the transaction id each write returns.
-
-    Step 1. BEGIN and the first statement, in one round trip (pipeline mode).
-    Step 2. The remaining statements; every write returns its xid last.
-    Step 3. Note that COMMIT is being sent, then send it.
-    """
-    conn = cur.connection
+def _drive(pool: _Pool, call: Call, lent: _Entry | None = None) -> Any:
+    """Carry a call's connection steps out for threads (``agent._postgres_protocol``
+    says what each step means); ``lent``: run its statements on that connection."""
+    entry = lent
+    fresh: psycopg.Connection[Any] | None = None
     try:
-        try:
-            query, params = next(steps)
-            # Step 1.
-            with conn.pipeline():
-                conn.execute(b"BEGIN", prepare=False)
-                cur.execute(query, params)
-                rows = cur.fetchall()
-            # Step 2.
-            while True:
-                if rows:
-                    commit.xid = rows[0][-1]
-                query, params = steps.send(rows)
-                cur.execute(query, params)
-                rows = cur.fetchall()
-        except StopIteration as stop:
-            commit.result = stop.value
-        # Step 3.
-        commit.committing = True
-        cur.execute(b"COMMIT", prepare=False)
-        return commit.result
-    except BaseException:
-        if not commit.committing and not (conn.closed or conn.broken):
-            with contextlib.suppress(Exception):  # the original error is the one to report
-                cur.execute(b"ROLLBACK", prepare=False)
-        raise
+        step = next(call)
+        while True:
+            result: Any = None
+            try:
+                kind = type(step)
+                if kind is Statement:
+                    if entry is None:
+                        entry = pool.acquire()
+                    conn, cur = entry
+                    if step.begin:  # type: ignore[union-attr]
+                        with conn.pipeline():
+                            conn.execute(b"BEGIN", prepare=False)
+                            cur.execute(step.query, step.params)  # type: ignore[union-attr]
+                            result = cur.fetchall()
+                    else:
+                        cur.execute(step.query, step.params)  # type: ignore[union-attr]
+                        result = cur.fetchall()  # every statement of ours returns rows
+                elif step is COMMIT:
+                    assert entry is not None
+                    entry[1].execute(b"COMMIT", prepare=False)
+                elif step is ROLLBACK:
+                    assert entry is not None
+                    conn, cur = entry
+                    if not (conn.closed or conn.broken):
+                        with contextlib.suppress(Exception):
+                            cur.execute(b"ROLLBACK", prepare=False)
+                elif step is RELEASE:
+                    if lent is None and entry is not None:
+                        pool.release(entry)
+                    entry = None
+                elif kind is XactStatus:
+                    if fresh is None:
+                        fresh = pool.connect()
+                    row = fresh.execute(XACT_STATUS_SQL, (step.xid,)).fetchone()  # type: ignore[union-attr]
+                    result = (None if row is None else row[0], time.monotonic())
+                elif kind is Pause:
+                    time.sleep(step.seconds)  # type: ignore[union-attr]
+                else:  # NOW
+                    result = time.monotonic()
+            except BaseException as exc:  # the call maps it (or lets it go on)
+                step = call.throw(exc)
+            else:
+                step = call.send(result)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        if lent is None and entry is not None:
+            pool.release(entry)
+        if fresh is not None:
+            fresh.close()
 
 
-async def _arun_verified(cur: psycopg.AsyncCursor[Any], steps: Steps, commit: _Commit) -> Any:
-    """``_run_verified`` for asyncio (same steps)."""
-    conn = cur.connection
+async def _adrive(pool: _AsyncPool, call: Call, lent: _AsyncEntry | None = None) -> Any:
+    """``_drive`` for asyncio."""
+    entry = lent
+    fresh: psycopg.AsyncConnection[Any] | None = None
     try:
-        try:
-            query, params = next(steps)
-            async with conn.pipeline():
-                await conn.execute(b"BEGIN", prepare=False)
-                await cur.execute(query, params)
-                rows = await cur.fetchall()
-            while True:
-                if rows:
-                    commit.xid = rows[0][-1]
-                query, params = steps.send(rows)
-                await cur.execute(query, params)
-                rows = await cur.fetchall()
-        except StopIteration as stop:
-            commit.result = stop.value
-        commit.committing = True
-        await cur.execute(b"COMMIT", prepare=False)
-        return commit.result
-    except BaseException:
-        if not commit.committing and not (conn.closed or conn.broken):
-            with contextlib.suppress(Exception):  # the original error is the one to report
-                await cur.execute(b"ROLLBACK", prepare=False)
-        raise
+        step = next(call)
+        while True:
+            result: Any = None
+            try:
+                kind = type(step)
+                if kind is Statement:
+                    if entry is None:
+                        entry = await pool.acquire()
+                    conn, cur = entry
+                    if step.begin:  # type: ignore[union-attr]
+                        async with conn.pipeline():
+                            await conn.execute(b"BEGIN", prepare=False)
+                            await cur.execute(step.query, step.params)  # type: ignore[union-attr]
+                            result = await cur.fetchall()
+                    else:
+                        await cur.execute(step.query, step.params)  # type: ignore[union-attr]
+                        result = await cur.fetchall()
+                elif step is COMMIT:
+                    assert entry is not None
+                    await entry[1].execute(b"COMMIT", prepare=False)
+                elif step is ROLLBACK:
+                    assert entry is not None
+                    conn, cur = entry
+                    if not (conn.closed or conn.broken):
+                        with contextlib.suppress(Exception):
+                            await cur.execute(b"ROLLBACK", prepare=False)
+                elif step is RELEASE:
+                    if lent is None and entry is not None:
+                        await pool.release(entry)
+                    entry = None
+                elif kind is XactStatus:
+                    if fresh is None:
+                        fresh = await pool.connect()
+                    cursor = await fresh.execute(XACT_STATUS_SQL, (step.xid,))  # type: ignore[union-attr]
+                    row = await cursor.fetchone()
+                    result = (None if row is None else row[0],
+                              asyncio.get_running_loop().time())
+                elif kind is Pause:
+                    await asyncio.sleep(step.seconds)  # type: ignore[union-attr]
+                else:  # NOW
+                    result = asyncio.get_running_loop().time()
+            except BaseException as exc:  # the call maps it (or lets it go on)
+                step = call.throw(exc)
+            else:
+                step = call.send(result)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        if lent is None and entry is not None:
+            await pool.release(entry)
+        if fresh is not None:
+            await fresh.close()
 
 
 def _check_tables(tables: Mapping[str, TableSpec]) -> dict[str, TableSpec]:
@@ -310,18 +325,6 @@ class _Pool:
             conn.close()
 
 
-def _run(cur: psycopg.Cursor[Any], steps: Steps) -> Any:
-    """Drive an operation's steps on one connection, one statement per step."""
-    try:
-        query, params = next(steps)
-        while True:
-            cur.execute(query, params)
-            rows = cur.fetchall()  # every statement of ours returns rows
-            query, params = steps.send(rows)
-    except StopIteration as stop:
-        return stop.value
-
-
 class PostgresStore(_Base):
     """A relaxed store over existing PostgreSQL tables, for threads.
 
@@ -360,47 +363,11 @@ class PostgresStore(_Base):
         return {name: info.spec for name, info in self._infos.items()}
 
     def _call(self, steps: Steps, what: str, writing: bool) -> Any:
+        psycopg = self._pool._psycopg
         if writing and self._verify:
-            return self._call_verified(steps, what)
-        pool = self._pool
-        entry = pool.acquire()
-        try:
-            return _run(entry[1], steps)
-        except pool._psycopg.Error as exc:
-            raise _map_error(exc, what, writing) from exc
-        finally:
-            pool.release(entry)
-
-    def _call_verified(self, steps: Steps, what: str) -> Any:
-        psycopg = self._pool._psycopg
-        commit = _Commit()
-        try:
-            with self._pool.connection() as (_conn, cur):
-                return _run_verified(cur, steps, commit)
-        except psycopg.Error as exc:
-            if not commit.committing:
-                if getattr(exc, "sqlstate", None) is None:
-                    raise _lost_before_commit(what, exc) from exc
-                raise _map_error(exc, what, True) from exc
-            if commit.xid is None:
-                return commit.result  # the call wrote nothing, so nothing can be lost
-            return _resolved(self._xact_status(commit.xid), commit, what, exc)
-
-    def _xact_status(self, xid: str) -> str | None:
-        """Ask a fresh connection what became of transaction ``xid`` (waits while the
-        old backend has not yet noticed its client is gone)."""
-        psycopg = self._pool._psycopg
-        deadline = time.monotonic() + self._resolve_timeout
-        try:
-            with self._pool.connect() as conn:
-                while True:
-                    row = conn.execute(_XACT_STATUS, (xid,)).fetchone()
-                    status = None if row is None else row[0]
-                    if status != "in progress" or time.monotonic() > deadline:
-                        return status
-                    time.sleep(0.05)
-        except psycopg.Error:
-            return None
+            return _drive(self._pool, verified_call(steps, what, psycopg.Error,
+                                                    self._resolve_timeout))
+        return _drive(self._pool, plain_call(steps, what, writing, psycopg.Error))
 
     def exchange(self, table: str, row: RowKey, column: str,
                  value: Value | Absent) -> Value | Absent:
@@ -442,13 +409,16 @@ class PostgresStore(_Base):
         psycopg = self._pool._psycopg
         cells: dict[Cell, Value] = {}
         try:
-            with self._pool.connection() as (conn, cur):
+            with self._pool.connection() as entry:
+                conn = entry[0]
                 conn.autocommit = False
                 try:
                     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                     with conn.transaction():
                         for info in self._infos.values():
-                            cells.update(_run(cur, scan_steps(info)))
+                            cells.update(_drive(self._pool, plain_call(
+                                scan_steps(info), "the snapshot", False, psycopg.Error),
+                                lent=entry))
                 finally:
                     if not (conn.closed or conn.broken):
                         conn.isolation_level = None
@@ -502,45 +472,46 @@ class _AsyncPool:
             connect_timeout=max(1, int(self._connect_timeout)),
         )
 
-    @asynccontextmanager
-    async def connection(
-            self) -> AsyncIterator[tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]]:
+    async def acquire(self) -> _AsyncEntry:
         """A connection and its binary cursor (made once, reused for every statement)."""
         if self._closed:
             raise PostgresError("the PostgreSQL store is closed")
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._size)
-        async with self._slots:
+        await self._slots.acquire()
+        try:
             if self._idle:
-                entry = self._idle.pop()
+                return self._idle.pop()
+            conn = await self.connect()
+            return conn, conn.cursor(binary=True)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def release(self, entry: _AsyncEntry) -> None:
+        conn = entry[0]
+        try:
+            if conn.closed or conn.broken or self._closed:
+                await conn.close()
             else:
-                conn = await self.connect()
-                entry = (conn, conn.cursor(binary=True))
-            try:
-                yield entry
-            finally:
-                conn = entry[0]
-                if conn.closed or conn.broken or self._closed:
-                    await conn.close()
-                else:
-                    self._idle.append(entry)
+                self._idle.append(entry)
+        finally:
+            assert self._slots is not None
+            self._slots.release()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_AsyncEntry]:
+        entry = await self.acquire()
+        try:
+            yield entry
+        finally:
+            await self.release(entry)
 
     async def close(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
         for conn, _cur in idle:
             await conn.close()
-
-
-async def _arun(cur: psycopg.AsyncCursor[Any], steps: Steps) -> Any:
-    try:
-        query, params = next(steps)
-        while True:
-            await cur.execute(query, params)
-            rows = await cur.fetchall()  # every statement of ours returns rows
-            query, params = steps.send(rows)
-    except StopIteration as stop:
-        return stop.value
 
 
 class AsyncPostgresStore(_Base):
@@ -586,43 +557,9 @@ class AsyncPostgresStore(_Base):
     async def _call(self, steps: Steps, what: str, writing: bool) -> Any:
         psycopg = self._pool._psycopg
         if writing and self._verify:
-            return await self._call_verified(steps, what)
-        try:
-            async with self._pool.connection() as (_conn, cur):
-                return await _arun(cur, steps)
-        except psycopg.Error as exc:
-            raise _map_error(exc, what, writing) from exc
-
-    async def _call_verified(self, steps: Steps, what: str) -> Any:
-        psycopg = self._pool._psycopg
-        commit = _Commit()
-        try:
-            async with self._pool.connection() as (_conn, cur):
-                return await _arun_verified(cur, steps, commit)
-        except psycopg.Error as exc:
-            if not commit.committing:
-                if getattr(exc, "sqlstate", None) is None:
-                    raise _lost_before_commit(what, exc) from exc
-                raise _map_error(exc, what, True) from exc
-            if commit.xid is None:
-                return commit.result
-            return _resolved(await self._xact_status(commit.xid), commit, what, exc)
-
-    async def _xact_status(self, xid: str) -> str | None:
-        psycopg = self._pool._psycopg
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._resolve_timeout
-        try:
-            async with await self._pool.connect() as conn:
-                while True:
-                    cur = await conn.execute(_XACT_STATUS, (xid,))
-                    row = await cur.fetchone()
-                    status = None if row is None else row[0]
-                    if status != "in progress" or loop.time() > deadline:
-                        return status
-                    await asyncio.sleep(0.05)
-        except psycopg.Error:
-            return None
+            return await _adrive(self._pool, verified_call(steps, what, psycopg.Error,
+                                                           self._resolve_timeout))
+        return await _adrive(self._pool, plain_call(steps, what, writing, psycopg.Error))
 
     async def exchange(self, table: str, row: RowKey, column: str,
                        value: Value | Absent) -> Value | Absent:
@@ -668,13 +605,16 @@ class AsyncPostgresStore(_Base):
         psycopg = self._pool._psycopg
         cells: dict[Cell, Value] = {}
         try:
-            async with self._pool.connection() as (conn, cur):
+            async with self._pool.connection() as entry:
+                conn = entry[0]
                 await conn.set_autocommit(False)
                 try:
                     await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
                     async with conn.transaction():
                         for info in self._infos.values():
-                            cells.update(await _arun(cur, scan_steps(info)))
+                            cells.update(await _adrive(self._pool, plain_call(
+                                scan_steps(info), "the snapshot", False, psycopg.Error),
+                                lent=entry))
                 finally:
                     if not (conn.closed or conn.broken):
                         await conn.set_isolation_level(None)

@@ -5,6 +5,7 @@ May import ``sequencer`` and ``sinks``; never ``agent``. Start with ``_assembler
 """
 
 from replay._assembler import Assembler, Changeset, Snapshot
+from replay._compaction import CompactionReport, checkpoint_log, collect_log, compact_log
 from replay._errors import InconsistentLog
 from replay._position import Frontier, InvalidPosition, Position
 from replay._postgres_replica import POSITION_TABLE as REPLICA_POSITION_TABLE
@@ -13,6 +14,7 @@ from replay._postgres_replica import PostgresReplica, ReplicaError
 __all__ = [
     "Assembler",
     "Changeset",
+    "CompactionReport",
     "Frontier",
     "InconsistentLog",
     "InvalidPosition",
@@ -21,4 +23,7 @@ __all__ = [
     "REPLICA_POSITION_TABLE",
     "ReplicaError",
     "Snapshot",
+    "checkpoint_log",
+    "collect_log",
+    "compact_log",
 ]

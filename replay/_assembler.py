@@ -34,6 +34,7 @@ from replay._baseline import Baselines
 from replay._bulk import BrokenChain, NetChanges, cancel_out, net_changes
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
+from replay._resume import StateDelta, apply_state
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
 from sinks import SETSUM_PRIMES, EventBatch, Setsum
 from sinks.codec import (
@@ -209,6 +210,7 @@ class Assembler:
         self._pending_events = 0
         self._failure: InconsistentLog | None = None
         self.late_duplicates = 0
+        self._ready: list[Changeset] = []  # from checkpoints and stripes (replay._resume)
         # Snapshot chunks (replay._baseline): a consumer given no state learns it there.
         self._baselines = Baselines(fresh=initial_state is None and position is None)
         if isinstance(position, str):
@@ -230,7 +232,8 @@ class Assembler:
         """A decoded copy of the state at the last verified quiescence point."""
         return {_decode_cell(k): decode_value(v) for k, v in self._state.items()}  # type: ignore[misc]
 
-    def feed(self, record: ChangeEvent | EpochRecord | EventBatch | SnapshotChunk, *,
+    def feed(self, record: ChangeEvent | EpochRecord | EventBatch | SnapshotChunk | StateDelta,
+             *,
              defer: bool = False) -> list[Changeset]:
         """Take one record; return the changesets it completed (often none).
 
@@ -255,6 +258,12 @@ class Assembler:
             return self._drain_domain(self._domains[record.domain_id], bulk=False)
         if isinstance(record, SnapshotChunk):
             return self._baselines.feed(self, record, defer=defer)
+        if isinstance(record, StateDelta):  # a checkpoint or stripe (replay._resume)
+            done = self.drain() + apply_state(self, record)
+            if defer:
+                self._ready += done
+                return []
+            return done
         raise TypeError(f"cannot assemble a {type(record).__name__}")
 
     def drain(self) -> list[Changeset]:
@@ -269,14 +278,15 @@ class Assembler:
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-        parts: list[_Run | list[Changeset]] = []
+        ready, self._ready = self._ready, []  # from checkpoints and stripes, first
+        parts: list[_Run | list[Changeset]] = [ready]
         for domain in list(self._domains.values()):
             parts += self._drain_domain_parts(domain, bulk=True)
         self._pending_events = 0
         return parts
 
     def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch
-                                           | SnapshotChunk]
+                                           | SnapshotChunk | StateDelta]
                    ) -> Iterator[Changeset]:
         """Feed every record; yield each changeset once verified (in bulk, for speed).
 
@@ -299,8 +309,8 @@ class Assembler:
         yield from self._drain_then_raise()
         self.check_gaps()
 
-    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
-               ) -> Iterator[Snapshot]:
+    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk
+                                       | StateDelta]) -> Iterator[Snapshot]:
         """Like ``changesets``, but yield the whole state at every quiescence point."""
         state = self.state
         for changeset in self.changesets(records):
@@ -355,8 +365,8 @@ class Assembler:
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
 
-    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk]
-              ) -> bool:
+    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk
+                                     | StateDelta]) -> bool:
         """Store records from ``source`` until _BULK_EVENTS events wait (False) or it
         ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed."""
         domains = self._domains

@@ -21,21 +21,13 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent._agent import AgentClosed, QuiescenceTimeout, check_conditional, check_update
+from agent import _operations as operations
+from agent._agent import AgentClosed, QuiescenceTimeout
 from agent._scope import BatchScope
 from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent._store import RelaxedStore
 from agent.sidecar import _protocol as p
-from sequencer import (
-    ABSENT,
-    Absent,
-    InvalidWrite,
-    RowKey,
-    Value,
-    check_name,
-    check_row,
-    check_write,
-)
+from sequencer import Absent, InvalidWrite, RowKey, Value
 
 if TYPE_CHECKING:
     from agent._baseline import SnapshotProgress
@@ -104,16 +96,37 @@ class _Connection:
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return its (successful) reply."""
+        reply, deferred = self.exchange(op, **fields)
+        if deferred is not None:
+            raise deferred
+        if not reply["ok"]:
+            raise _error(reply)
+        return reply
+
+    def exchange(self, op: str, **fields: Any) -> tuple[dict[str, Any], Exception | None]:
+        """Send one request; return its reply (ok or not) and the error of a pipelined
+        request that failed before it, if any (for a caller that must act on a
+        successful reply whatever failed earlier)."""
         with self._lock:
             self._send(op, fields)
             self._read_unread(op)
             reply = self._read(op)
             deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            raise _error(deferred, "a pipelined request failed earlier: ")
-        if not reply["ok"]:
-            raise _error(reply)
-        return reply
+            return reply, _error(deferred, "a pipelined request failed earlier: ")
+        return reply, None
+
+    def drain(self) -> Exception | None:
+        """Read the replies of pipelined requests; return the first refusal among them."""
+        with self._lock:
+            if self.broken:
+                return None
+            try:
+                self._read_unread("close")
+            except SidecarUnavailable:
+                return None
+            deferred, self._deferred = self._deferred, None
+        return None if deferred is None else _error(deferred, "a pipelined request failed: ")
 
     def post(self, op: str, **fields: Any) -> None:
         """Send one request without waiting for its reply.
@@ -169,13 +182,17 @@ def _error(reply: dict[str, Any], prefix: str = "") -> Exception:
 
 
 class _ClientBatch:
-    __slots__ = ("connection", "depth", "durable", "name")
+    __slots__ = ("connection", "depth", "durable", "name", "pending")
 
     def __init__(self, connection: _Connection, name: str) -> None:
         self.connection = connection
         self.name = name
         self.depth = 1
         self.durable = False
+        self.pending: list[list[Any]] = []  # report="batch": encoded, not yet sent
+
+
+_PENDING_MAX = 1024  # report="batch": events held before they are sent all the same
 
 
 class _DurableScope(BatchScope):
@@ -196,16 +213,28 @@ class SidecarClient:
     Thread-safe. ``set``, ``delete``, ``clear_row``, ``update``, ``conditional_set`` and
     ``get`` behave as ``Agent``'s; the store is written here, the events are sent to
     the sidecar at the end of each call, before it returns. Inside a batch they are
-    pipelined (not waited for): the sidecar's refusal, unlikely since every value is
-    checked here first, is raised by the batch's close.
+    pipelined (not waited for), and so is a batch's close unless it is durable: the
+    sidecar's refusal, unlikely since every value is checked here first, is raised by
+    the next request waited for (the next ``open``, ``flush`` or ``close()`` at the
+    latest).
+
+    ``report="batch"``: the events of a batch's calls are held here and sent with its
+    close (in runs of 1024 at most), one request per batch instead of one per call;
+    faster, but a process that dies inside a batch leaves the writes it made in that
+    batch out of the log (``report="call"``, the default, loses at most the call in
+    flight).
     """
 
     def __init__(self, socket_path: str, store: RelaxedStore, *,
                  client_name: str = "python", timeout: float | None = None,
-                 durable: bool = False) -> None:
+                 durable: bool = False, report: str = "call") -> None:
+        if report not in ("call", "batch"):
+            raise ValueError(f"report={report!r}: use \"call\" (each call's events are "
+                             "sent before it returns) or \"batch\" (sent with the close)")
         self.socket_path = str(socket_path)
         self.store = store
         self.durable = durable
+        self._per_batch = report == "batch"
         self._client_name = client_name
         self._timeout = timeout
         self._local = threading.local()
@@ -240,12 +269,21 @@ class SidecarClient:
         return connection
 
     def close(self) -> None:
-        """Close every connection (batches still open are closed by the sidecar)."""
+        """Close every connection (batches still open are closed by the sidecar).
+
+        The replies of pipelined requests are read first: a refusal among them is
+        raised once every connection is closed.
+        """
         self._closed = True
         with self._all_lock:
             connections, self._all = self._all, []
+        refused: Exception | None = None
         for _owner, connection in connections:
+            error = connection.drain()
+            refused = refused or error
             connection.close()
+        if refused is not None:
+            raise refused
 
     def __enter__(self) -> SidecarClient:
         return self
@@ -266,36 +304,63 @@ class SidecarClient:
     def _close(self, batch: _ClientBatch) -> None:
         """Close a batch at the end of its outermost block (even when the body raised:
         the writes that took effect are real)."""
+        self._send_close(batch, batch.pending)
+
+    def _send_close(self, batch: _ClientBatch, events: list[list[Any]]) -> None:
+        """Close ``batch`` with ``events`` (encoded) reported first; a durable close
+        waits for its answer, any other is pipelined."""
+        fields: dict[str, Any] = {"batch": batch.name}
+        if events:
+            fields["events"] = events
         if batch.durable:
-            batch.connection.call("close", batch=batch.name, durable=True)
+            batch.connection.call("close", durable=True, **fields)
+        elif self.durable:
+            batch.connection.call("close", **fields)
         else:
-            batch.connection.call("close", batch=batch.name)
+            batch.connection.post("close", **fields)
 
     async def _aopen(self) -> _ClientBatch:
         raise TypeError("SidecarClient is synchronous: use `with client.batch():`")
 
     def _open(self) -> _ClientBatch:
         connection = self._connection()
-        return _ClientBatch(connection, str(connection.call("open")["batch"]))
+        reply, deferred = connection.exchange("open")
+        if not reply["ok"]:
+            raise deferred or _error(reply)
+        batch = _ClientBatch(connection, str(reply["batch"]))
+        if deferred is not None:  # an earlier pipelined request failed: the batch opened
+            connection.post("close", batch=batch.name)  # all the same, so close it
+            raise deferred
+        return batch
 
-    def _write(self, work: Callable[[list[p.Event]], T]) -> T:
-        """Run ``work`` (store writes appending their events) in the batch in force, or
-        an automatic one; report the events even if ``work`` fails part way."""
+    def _apply(self, op: operations.Operation[T]) -> T:
+        """Drive one operation (agent._operations) against the store in the batch in
+        force, or an automatic one opened once its checks passed; report the events
+        even if the store fails part way."""
+        try:
+            step = next(op)  # the checks: no batch opened, the store not touched yet
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
         events: list[p.Event] = []
         batch = self._current.get()
         if batch is None:
             batch = self._open()
             try:
-                return work(events)
+                return operations.run(self.store, op, step, events.append)
             finally:
-                batch.connection.call("close", batch=batch.name,
-                                      events=[p.encode_event(e) for e in events])
+                self._send_close(batch, [p.encode_event(e) for e in events])
         try:
-            return work(events)
+            return operations.run(self.store, op, step, events.append)
         finally:
-            if events:  # pipelined: a refusal surfaces at the batch's close at the latest
-                batch.connection.post("events", batch=batch.name,
-                                      events=[p.encode_event(e) for e in events])
+            if events:
+                encoded = [p.encode_event(e) for e in events]
+                if self._per_batch:  # held for the close, unless too many are held
+                    batch.pending += encoded
+                    encoded = []
+                    if len(batch.pending) >= _PENDING_MAX:
+                        encoded, batch.pending = batch.pending, []
+                if encoded:  # pipelined: a refusal surfaces at the next waited-for request
+                    batch.connection.post("events", batch=batch.name, events=encoded)
 
     def flush(self) -> None:
         """Wait until every event of every closed batch is durable in the sidecar's sink."""
@@ -321,57 +386,20 @@ class SidecarClient:
 
     def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
         """Write one cell; return the value it replaced (ABSENT if it did not exist)."""
-        check_write(table, row, column, value)
-
-        def work(events: list[p.Event]) -> Value | Absent:
-            old = self.store.exchange(table, row, column, value)
-            events.append((table, row, column, old, value))
-            return old
-
-        return self._write(work)
+        return self._apply(operations.set_cell(table, row, column, value))
 
     def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Remove one cell; return the value it held (ABSENT if none: no event)."""
-        check_name("table", table)
-        check_row(row)
-        check_name("column", column)
-
-        def work(events: list[p.Event]) -> Value | Absent:
-            old = self.store.exchange(table, row, column, ABSENT)
-            if old is not ABSENT:
-                events.append((table, row, column, old, ABSENT))
-            return old
-
-        return self._write(work)
+        return self._apply(operations.delete_cell(table, row, column))
 
     def clear_row(self, table: str, row: RowKey) -> dict[str, Value]:
         """Remove every cell of a row, in one batch; return the values removed."""
-        check_name("table", table)
-        check_row(row)
-
-        def work(events: list[p.Event]) -> dict[str, Value]:
-            removed: dict[str, Value] = {}
-            for column in self.store.read_row(table, row):
-                old = self.store.exchange(table, row, column, ABSENT)
-                if old is not ABSENT:  # a racing writer may have removed it first
-                    removed[column] = old  # type: ignore[assignment]
-                    events.append((table, row, column, old, ABSENT))
-            return removed
-
-        return self._write(work)
+        return self._apply(operations.clear_row(table, row))
 
     def update(self, table: str, rows: Iterable[RowKey],
                values: Mapping[str, Value]) -> None:
         """Set ``values`` on every row of ``rows``, in one batch (an SQL UPDATE)."""
-        checked = check_update(table, rows, values)
-
-        def work(events: list[p.Event]) -> None:
-            for row in checked:
-                for column, value in values.items():
-                    old = self.store.exchange(table, row, column, value)
-                    events.append((table, row, column, old, value))
-
-        self._write(work)
+        self._apply(operations.update(table, rows, values))
 
     def conditional_set(
         self, table: str,
@@ -379,24 +407,7 @@ class SidecarClient:
     ) -> dict[RowKey, bool]:
         """Per row, swap each cell from ``expected`` to ``new``; return per-row success
         (a row stops at its first mismatch; its earlier swaps stay, as with ``Agent``)."""
-        check_conditional(table, changes)
-
-        def work(events: list[p.Event]) -> dict[RowKey, bool]:
-            results: dict[RowKey, bool] = {}
-            for row, cells in changes.items():
-                ok = True
-                for column, (expected, new) in cells.items():
-                    swapped, old = self.store.compare_exchange(table, row, column,
-                                                               expected, new)
-                    if not swapped:
-                        ok = False
-                        break
-                    if not (old is ABSENT and new is ABSENT):
-                        events.append((table, row, column, old, new))
-                results[row] = ok
-            return results
-
-        return self._write(work)
+        return self._apply(operations.conditional_set(table, changes))
 
     def get(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Read one cell from the store (no batch, no event)."""

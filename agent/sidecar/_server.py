@@ -83,6 +83,9 @@ class _Budget:
         victim.set_exception(_OverBudget(victim.buffered()))
 
 
+_HOLD_REPLIES: Final = 256  # replies to pipelined requests written together at most
+
+
 class _Reader(asyncio.StreamReader):
     """A ``StreamReader`` that turns a connection reset into end of stream, and counts
     its buffered bytes against the sidecar's global budget.
@@ -346,6 +349,8 @@ class Sidecar(_Capture):
             if budgeted is not None:
                 budgeted.consumed(count)
 
+        held: list[bytes] = []  # replies not yet written (requests still buffered)
+
         while True:
             try:
                 line = await reader.readuntil(b"\n")
@@ -376,6 +381,13 @@ class Sidecar(_Capture):
             reply = await self._answer(connection, line)
             if writer.is_closing():
                 continue  # the client is gone: still take in every request it sent
+            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
+                held.append(reply)  # pipelined requests wait in the buffer: answer them
+                continue            # together, one write for a run of replies
+            if held:
+                held.append(reply)
+                reply = b"".join(held)
+                held.clear()
             writer.write(reply)
             try:
                 await writer.drain()

@@ -28,7 +28,7 @@ from sinks.wal3._errors import (
     UninitializedLog,
     Wal3Error,
 )
-from sinks.wal3._fragment import decode_fragment, encode_fragment
+from sinks.wal3._fragment import decode_fragment, encode_fragment, record_setsum
 from sinks.wal3._garbage import Garbage, GarbageCollector, GcReport, compute_garbage
 from sinks.wal3._manifest import (
     Fragment,
@@ -43,6 +43,20 @@ from sinks.wal3._paths import fragment_path, parse_fragment_path, snapshot_path
 from sinks.wal3._reader import Limits, LogReader, Record, ScrubReport
 from sinks.wal3._seal import continue_log, seal_log
 from sinks.wal3._sink import Wal3Sink, open_log_sink, read_log
+from sinks.wal3._state import (
+    CorruptState,
+    NotARetainedPoint,
+    StateContention,
+    StateDelta,
+    StateIndex,
+    check_accounting,
+    iter_state_deltas,
+    load_state_index,
+    moved_setsum,
+    publish_state_index,
+    state_setsum,
+    write_state_objects,
+)
 from sinks.wal3._store import as_store
 from sinks.wal3._writer import LogWriter, WriterOptions
 
@@ -54,6 +68,7 @@ __all__ = [
     "CorruptGarbage",
     "CorruptLog",
     "CorruptManifest",
+    "CorruptState",
     "Cursor",
     "CursorContention",
     "CursorStore",
@@ -74,6 +89,7 @@ __all__ = [
     "LogWriter",
     "Manifest",
     "NoSuchCursor",
+    "NotARetainedPoint",
     "Record",
     "ScrubReport",
     "ScrubSuccess",
@@ -81,20 +97,31 @@ __all__ = [
     "Snapshot",
     "SnapshotOptions",
     "SnapshotPointer",
+    "StateContention",
+    "StateDelta",
+    "StateIndex",
     "UninitializedLog",
     "Wal3Error",
     "Wal3Sink",
     "Witness",
     "WriterOptions",
     "as_store",
+    "check_accounting",
     "compute_garbage",
     "continue_log",
     "decode_fragment",
     "encode_fragment",
     "fragment_path",
+    "iter_state_deltas",
+    "load_state_index",
+    "moved_setsum",
     "open_log_sink",
     "parse_fragment_path",
+    "publish_state_index",
     "read_log",
+    "record_setsum",
     "seal_log",
     "snapshot_path",
+    "state_setsum",
+    "write_state_objects",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,19 +252,26 @@ class GarbageCollector:
         except CorruptGarbage as exc:
             raise CorruptGarbage(f"{self._log.key(GARBAGE_PATH)}: {exc}") from None
 
-    def positions(self, keep_at_least: int | None = None) -> dict[str, int]:
-        """What bounds a collection: each cursor's position, and ``keep_at_least``."""
+    def positions(self, keep_at_least: int | None = None,
+                  served: Collection[int] = ()) -> dict[str, int]:
+        """What bounds a collection: each cursor's position, and ``keep_at_least``.
+
+        Cursors at a position in ``served`` (retained points a published checkpoint or
+        stripe serves, see ``_state.py``) do not bound it; ``keep_at_least`` then must.
+        """
         positions = {f"cursor {name!r}": w.cursor.position for name in self._cursors.list()
-                     if (w := self._cursors.load(name)) is not None}
+                     if (w := self._cursors.load(name)) is not None
+                     and w.cursor.position not in served}
         if keep_at_least is not None:
             if keep_at_least < 0:
                 raise ValueError(f"keep_at_least {keep_at_least} is negative; offsets start at 1")
             positions["keep_at_least"] = keep_at_least
         return positions
 
-    def cutoff(self, keep_at_least: int | None = None) -> int | None:
+    def cutoff(self, keep_at_least: int | None = None,
+               served: Collection[int] = ()) -> int | None:
         """The lowest cursor position, lowered to ``keep_at_least``; None if neither."""
-        positions = self.positions(keep_at_least)
+        positions = self.positions(keep_at_least, served)
         return min(positions.values()) if positions else None
 
     def _check_positions(self, positions: dict[str, int], manifest: Manifest) -> None:
@@ -282,7 +289,8 @@ class GarbageCollector:
                        else "lower --keep-at-least")
                 )
 
-    def phase1_compute(self, keep_at_least: int | None = None) -> Garbage | None:
+    def phase1_compute(self, keep_at_least: int | None = None,
+                       served: Collection[int] = ()) -> Garbage | None:
         """Write the garbage file for everything below the cutoff.
 
         Step 1. Read the cursors, then the manifest; refuse a cursor past the log's end;
@@ -297,7 +305,7 @@ class GarbageCollector:
             raise GarbageCollectionInProgress(
                 f"{self._log.key(GARBAGE_PATH)} already holds garbage; run phases 2 and 3"
             )
-        positions = self.positions(keep_at_least)
+        positions = self.positions(keep_at_least, served)
         if not positions:
             return None
         manifest, _ = require_manifest(self._log)  # after the cursors: see _check_positions
@@ -332,9 +340,11 @@ class GarbageCollector:
         return (manifest.initial_offset is not None
                 and manifest.initial_offset >= garbage.first_to_keep)
 
-    def phase2_apply(self) -> bool:
+    def phase2_apply(self, verify: Callable[[Manifest], None] | None = None) -> bool:
         """Compare-and-swap the manifest without the garbage; False if there was none or
         it no longer fits the manifest (then the collection is abandoned, nothing deleted).
+        ``verify(manifest)`` may refuse the collection by raising: the garbage file is
+        reset first, so nothing is collected and no later run resumes it.
 
         Step 1. Read the garbage file and the current manifest.
         Step 2. Apply (pointers out, their setsum into ``collected``) and scrub.
@@ -348,6 +358,12 @@ class GarbageCollector:
             manifest, manifest_etag = require_manifest(self._log)
             if self._applied(manifest, garbage):
                 return True
+            if verify is not None:
+                try:
+                    verify(manifest)
+                except Exception:
+                    self._reset(etag)
+                    raise
             # Step 2.
             try:
                 new = manifest.apply_garbage(garbage).with_writer(self._writer)
@@ -398,16 +414,18 @@ class GarbageCollector:
         with contextlib.suppress(PreconditionFailed):
             self._log.put_if_match(GARBAGE_PATH, Garbage().to_json().encode(), etag)
 
-    def collect(self, keep_at_least: int | None = None) -> GcReport:
-        """Run (or resume) a whole collection."""
+    def collect(self, keep_at_least: int | None = None, *, served: Collection[int] = (),
+                verify: Callable[[Manifest], None] | None = None) -> GcReport:
+        """Run (or resume) a whole collection (``served``, ``verify``: see
+        ``positions`` and ``phase2_apply``)."""
         garbage, _ = self.load_garbage()
         cutoff = None
         if garbage.is_empty():
-            cutoff = self.cutoff(keep_at_least)
-            found = self.phase1_compute(keep_at_least)
+            cutoff = self.cutoff(keep_at_least, served)
+            found = self.phase1_compute(keep_at_least, served)
             if found is None:
                 return GcReport(cutoff, None, False, 0)
             garbage = found
-        if not self.phase2_apply():
+        if not self.phase2_apply(verify):
             return GcReport(cutoff, garbage, False, 0)
         return GcReport(cutoff, garbage, True, self.phase3_delete())

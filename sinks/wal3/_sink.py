@@ -31,6 +31,7 @@ from sinks.wal3._cursors import CursorStore
 from sinks.wal3._errors import AlreadyInitialized
 from sinks.wal3._manifest import LogPosition
 from sinks.wal3._reader import LogReader
+from sinks.wal3._state import NotARetainedPoint, StateDelta, iter_state_deltas, load_state_index
 from sinks.wal3._store import as_store
 from sinks.wal3._writer import LogWriter, WriterOptions
 
@@ -121,8 +122,14 @@ def open_log_sink(uri: str, *, endpoint_url: str | None = None, **kwargs: Any) -
 def read_log(
     store_or_uri: ObjectStore | str, cursor: str | None = None, *, prefix: str = "",
     endpoint_url: str | None = None, from_offset: int | None = None,
-) -> Iterator[EventBatch | EpochRecord | SnapshotChunk]:
+) -> Iterator[EventBatch | EpochRecord | SnapshotChunk | StateDelta]:
     """Decode the log's records in order, up to its end as of the call.
+
+    On a log collected below a checkpoint (``sinks.wal3._state``), reading from the
+    start, or from an offset that was collected, first yields the checkpoint and the
+    stripes (``StateDelta``: the assembler applies them), then the records after the
+    last retained point. Starting from a collected offset that is not a retained point
+    raises ``NotARetainedPoint`` naming the nearest ones.
 
     With ``cursor``, start where the named cursor points (the log's start if it does
     not exist yet) and move it (compare-and-swap) past each fragment once the caller
@@ -142,6 +149,25 @@ def read_log(
             witness = cursors.init(cursor, from_offset or manifest.oldest_offset)
         start = witness.cursor.position if from_offset is None else from_offset
     begin = start or manifest.oldest_offset
+    index = load_state_index(reader.store, manifest)
+    if index is not None and (
+            manifest.oldest_offset > index.entries[0].lo if start is None
+            else start < manifest.oldest_offset
+            or (start < index.limit and start in index.points)):
+        # The records below were collected: start from the checkpoint and stripes
+        # (sinks.wal3._state). From a retained point they are read even where the raw
+        # records are still there, so the cursor moves from retained point to retained
+        # point and a later compaction can keep it.
+        if start is not None and start not in index.points:
+            raise NotARetainedPoint(
+                f"offset {start} of {reader.store.describe()} was compacted or collected and "
+                f"is not a retained point: {index.nearest(start)}; resume from one of them")
+        for delta in iter_state_deltas(reader.store, index):
+            yield delta
+            if cursors is not None and cursor is not None and witness is not None \
+                    and delta.hi > witness.cursor.position:
+                witness = cursors.save(cursor, delta.hi, witness)
+        begin = index.limit
     for fragment in reader.scan(begin, manifest=manifest):
         for record in reader.fetch(fragment):
             if record.offset >= begin:

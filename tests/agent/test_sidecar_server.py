@@ -72,7 +72,9 @@ def _writer(client: SidecarClient, seed: int, batches: int) -> None:
 def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path) -> None:
     """Six threads write overlapping cells through the sidecar; every quiescent snapshot
     the log replays to equals the shared store's state at that point, and at the end."""
-    served = Served(folder / "s")
+    # Closes are pipelined, so six busy threads may never leave the sequencer without
+    # an open batch by chance: forced quiescence makes sure there are several points.
+    served = Served(folder / "s", max_quiescence_interval=0.02)
     client = SidecarClient(str(folder / "s"), served.store)
     errors: list[BaseException] = []
 
@@ -437,3 +439,52 @@ def test_requests_sent_just_before_a_crash_are_not_lost(folder: Path) -> None:
     served.stop()
     [snap] = served.replay()
     assert snap.state == {("t", row, "a"): row for row in range(6)}
+
+
+def test_a_refused_pipelined_close_surfaces_at_the_next_open_without_leaking_a_batch(
+        folder: Path) -> None:
+    """Closes are pipelined: a refused one is raised by the next ``open``, whose batch
+    (opened all the same) is closed, not left to block quiescence; ``close()`` raises a
+    refusal still unread."""
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+    client.set("t", 1, "a", 1)
+    client._connection().post("close", batch="00000000000000ff")
+    with pytest.raises(SidecarError, match="pipelined request failed earlier") as info:
+        client.set("t", 2, "a", 2)
+    assert info.value.code == "unknown_batch"
+    assert served.store.get("t", 2, "a") is ABSENT  # refused before the store was touched
+    client.ping()  # the close of the batch opened meanwhile is read here
+    assert served.sidecar._open_batch_names() == []
+    client.set("t", 3, "a", 3)
+    client._connection().post("close", batch="00000000000000ff")
+    with pytest.raises(SidecarError, match="pipelined request failed") as info:
+        client.close()
+    assert info.value.code == "unknown_batch"
+    served.stop()
+    assert [(e.row, e.new) for e in served.sink.events] == [(1, 1), (3, 3)]
+    assert served.check_against_store() >= 1
+
+
+def test_report_batch_sends_a_batch_s_events_with_its_close(folder: Path) -> None:
+    """``report="batch"``: nothing reaches the sidecar until the close (a crash inside
+    the batch would lose it), then every event does, in order, in that one batch."""
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store, report="batch")
+    with client.batch():
+        for i in range(2500):  # more than one run of held events
+            client.set("t", i % 5, "a", i)
+        client.delete("t", 0, "a")
+        client.ping()  # the sidecar has handled every request sent so far
+        (batch,) = [b for c in served.sidecar._connections for b in c.batches.values()]
+        received = batch.seq_start + len(batch.events)
+    client.flush()
+    client.close()
+    served.stop()
+    assert received == 2048  # two full runs of 1024; the rest came with the close
+    assert [e.new for e in served.sink.events][:3] == [0, 1, 2]
+    assert len(served.sink.events) == 2501
+    assert len({e.batch_id for e in served.sink.events}) == 1
+    assert served.check_against_store() >= 1
+    with pytest.raises(ValueError, match="report="):
+        SidecarClient(str(folder / "s"), served.store, report="sometimes")

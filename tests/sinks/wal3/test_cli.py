@@ -104,3 +104,40 @@ def test_gc_with_a_cursor_outside_the_log_fails_and_keeps_everything(
     (tmp_path / "log" / "cursor" / "bad.json").unlink()
     assert sorted(p for p in (tmp_path / "log").rglob("*") if p.is_file()) == files
     assert main(["log", "scrub", log_uri]) == 0
+
+
+def test_gc_then_verify_starts_from_the_checkpoint(
+        log_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """gc writes a checkpoint at the cursor before it frees the fragments below it: verify
+    then replays from that checkpoint (before checkpoints: "epoch 1 never arrived")."""
+    fragments = LogReader(log_uri).scan(1)
+    cursor = fragments[len(fragments) // 2].start + 1  # inside a fragment, mid-interval
+    CursorStore(log_uri).init("consumer", cursor)
+    assert main(["log", "gc", log_uri]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint        offset {cursor}" in out and "objects deleted" in out
+    assert LogReader(log_uri).manifest().oldest_offset > 1
+    assert main(["log", "scrub", log_uri]) == 0
+    assert "checkpoint        offset" in capsys.readouterr().out
+    assert main(["log", "verify", log_uri]) == 0
+    assert "OK: scrub clean" in capsys.readouterr().out
+
+
+def test_checkpoint_and_compact_commands(log_uri: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """checkpoint writes one at --at; compact keeps a point per cursor; verify passes."""
+    end = LogReader(log_uri).manifest().next_offset
+    assert main(["log", "checkpoint", log_uri, "--at", str(end // 2)]) == 0
+    assert f"retained points   [{end // 2}]" in capsys.readouterr().out
+    for i, point in enumerate((end // 3, end // 2, end - 1)):
+        CursorStore(log_uri).init(f"reader{i}", point)
+    assert main(["log", "compact", log_uri]) == 0
+    out = capsys.readouterr().out
+    assert f"retained points   [{end // 3}, {end // 2}, {end - 1}]" in out
+    assert main(["log", "inspect", log_uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["state"]["retained_points"] == [end // 3, end // 2, end - 1]
+    assert info["oldest_offset"] <= end - 1
+    assert main(["log", "verify", log_uri]) == 0
+    assert main(["log", "checkpoint", log_uri, "--at", str(end + 5)]) == 1
+    assert "outside" in capsys.readouterr().err

@@ -1,0 +1,566 @@
+"""State beside the log: checkpoints and compacted stripes, published through the manifest.
+
+A *retained point* is a log offset a reader may stand at (a cursor's position). A
+**checkpoint** is the replay state as of the oldest retained point: every cell, the
+frontier (one position per domain) and the records read before that offset whose
+interval was not complete yet (*carried* records, as codec messages). A **stripe**
+takes a reader from one retained point to the next: the net change of every cell that
+changed (value before, value after), the frontier after, and the records carried there.
+Everything between two retained points is indistinguishable to a reader (seed 004), so
+a stripe replaces all of it.
+
+Objects (immutable, content-addressed by the SHA-256 of their bytes, If-None-Match):
+
+    state/CHECKPOINT.<sha256 hex>    state/STRIPE.<sha256 hex>    state/INDEX.<sha256 hex>
+
+``CHECKPOINT``/``STRIPE`` layout, version 1::
+
+    b"CDCSTATE" | version u8 (1) | kind u8 (1 checkpoint, 2 stripe) |
+    header_len u32 (BE) | header (compact JSON, sorted keys) |
+    cells: Arrow IPC stream of STATE_CELL_SCHEMA (header "cells_bytes" long) |
+    carried: Arrow IPC stream of CARRIED_SCHEMA (the rest)
+
+The header holds ``lo`` and ``hi`` (the retained points it goes from and to; a
+checkpoint's ``lo`` is the log's first offset), ``before`` and ``after`` (frontier
+tokens), ``trusted`` (the replay held the whole store), ``cells`` (row count),
+``cells_setsum`` (setsum of the cell items), ``state_setsum`` (setsum of the whole
+state at ``hi``) and ``replaced`` (``records``, ``events``, ``setsum``: the wal3 records
+of offsets ``[lo, hi)`` it stands for, each item ``be64(offset) || be64(timestamp_us) ||
+body`` as in fragments). A cell item is
+``b"CDCCELL1" | table_len u16 | table | row_len u32 | tagged row | column_len u16 |
+column | value_len u32 | tagged value`` (ABSENT cells have no item).
+
+The ``INDEX`` (compact JSON) lists the checkpoint then the stripes in order, each with
+its path, SHA-256, size and header summary, plus ``points`` (the retained offsets),
+``limit`` (the last point: raw records are read from there) and ``replaced_setsum``
+(the checkpoint's and every stripe's ``replaced`` summed). The manifest points at the
+index in a field Chroma's readers ignore: ``"cdc_state":{"index":"state/INDEX.<hex>"}``,
+installed by compare-and-swap: readers see the old state or the new, never a mix.
+
+Accounting (checked before garbage collection frees fragments, and by scrub): the
+index's ``replaced_setsum`` equals the manifest's ``collected`` plus the setsum of the
+retained records below ``limit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import pyarrow as pa
+
+from sinks._setsum import Setsum
+from sinks.codec import decode_key
+from sinks.wal3._errors import CorruptLog, GarbageCollected, Wal3Error
+from sinks.wal3._fragment import record_setsum
+from sinks.wal3._manifest import Manifest
+from sinks.wal3._ops import require_manifest
+from sinks.wal3._paths import MANIFEST_PATH
+from sinks.wal3._store import LogStore, NotFound, PreconditionFailed
+
+__all__ = [
+    "CARRIED_SCHEMA",
+    "STATE_CELL_SCHEMA",
+    "CorruptState",
+    "NotARetainedPoint",
+    "StateDelta",
+    "StateEntry",
+    "StateContention",
+    "StateIndex",
+    "cell_item",
+    "check_accounting",
+    "decode_state",
+    "encode_state",
+    "load_state_index",
+    "load_state",
+    "publish_state_index",
+    "state_setsum",
+]
+
+STATE_VERSION: Final = 1
+_MAGIC: Final = b"CDCSTATE"
+_KINDS: Final = {"checkpoint": 1, "stripe": 2}
+_HEAD: Final = struct.Struct(">BBI")
+STATE_PREFIX: Final = "state/"
+MANIFEST_FIELD: Final = "cdc_state"
+
+STATE_CELL_SCHEMA: Final = pa.schema([
+    pa.field("table", pa.utf8(), nullable=False),
+    pa.field("row", pa.binary(), nullable=False),
+    pa.field("column", pa.utf8(), nullable=False),
+    pa.field("value", pa.binary(), nullable=False),   # tagged value, b"": ABSENT
+    pa.field("before", pa.binary(), nullable=False),  # stripes: the value replaced
+])
+CARRIED_SCHEMA: Final = pa.schema([pa.field("message", pa.binary(), nullable=False)])
+
+
+class CorruptState(CorruptLog):
+    """A checkpoint, stripe or state index fails to decode or to verify."""
+
+
+class NotARetainedPoint(GarbageCollected):
+    """A reader asked to start where compaction or collection left no retained point."""
+
+
+# -- cells ----------------------------------------------------------------------------
+
+def split_key(key: bytes) -> tuple[str, bytes, str]:
+    """An encoded cell (``table NUL column NUL tagged row``) as (table, row, column)."""
+    table, column, row = key.split(b"\x00", 2)
+    return table.decode(), row, column.decode()
+
+
+def join_key(table: str, row: bytes, column: str) -> bytes:
+    return table.encode() + b"\x00" + column.encode() + b"\x00" + row
+
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
+def cell_item(key: bytes, value: bytes) -> bytes:
+    """The setsum item of one present cell (``key`` encoded as the assembler does)."""
+    table, column, row = key.split(b"\x00", 2)
+    return b"".join((b"CDCCELL1", _U16.pack(len(table)), table, _U32.pack(len(row)), row,
+                     _U16.pack(len(column)), column, _U32.pack(len(value)), value))
+
+
+def state_setsum(state: dict[bytes, bytes]) -> Setsum:
+    """The setsum of a whole state (encoded cell -> tagged value)."""
+    return Setsum.of(cell_item(k, v) for k, v in state.items() if v)
+
+
+def moved_setsum(start: Setsum, keys: Sequence[bytes], befores: Sequence[bytes],
+                 values: Sequence[bytes]) -> Setsum:
+    """``start`` with each cell's ``before`` item taken out and its ``value`` put in."""
+    gone = Setsum.of(cell_item(k, b) for k, b in zip(keys, befores, strict=True) if b)
+    new = Setsum.of(cell_item(k, v) for k, v in zip(keys, values, strict=True) if v)
+    return start - gone + new
+
+
+# -- one checkpoint or stripe -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateDelta:
+    """A checkpoint (``kind == "checkpoint"``: every cell, ``befores`` all ABSENT) or a
+    stripe (the cells that changed between two retained points). It is also what
+    ``read_log`` yields for the compacted part of a log; ``replay`` applies it."""
+
+    kind: str
+    lo: int
+    hi: int
+    before: str  # frontier token at lo ("" for a checkpoint)
+    after: str  # frontier token at hi
+    trusted: bool
+    keys: tuple[bytes, ...]
+    values: tuple[bytes, ...]
+    befores: tuple[bytes, ...]
+    carried: tuple[bytes, ...]
+    state_setsum: str
+    replaced_records: int
+    replaced_events: int
+    replaced_setsum: str
+    cells_setsum: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.cells_setsum:
+            object.__setattr__(self, "cells_setsum", self.compute_cells_setsum().hexdigest())
+
+    def compute_cells_setsum(self) -> Setsum:
+        return Setsum.of(cell_item(k, v) + b"\x00" + b
+                         for k, v, b in zip(self.keys, self.values, self.befores, strict=True))
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "lo": self.lo, "hi": self.hi, "before": self.before,
+            "after": self.after, "trusted": self.trusted, "cells": len(self.keys),
+            "cells_setsum": self.cells_setsum, "state_setsum": self.state_setsum,
+            "carried": len(self.carried),
+            "replaced": {"records": self.replaced_records, "events": self.replaced_events,
+                         "setsum": self.replaced_setsum},
+        }
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def encode_state(delta: StateDelta) -> bytes:
+    """The object bytes of a checkpoint or stripe (deterministic: same delta, same bytes)."""
+    parts = [split_key(k) for k in delta.keys]
+    cells = pa.table([
+        pa.array([p[0] for p in parts], pa.utf8()), pa.array([p[1] for p in parts], pa.binary()),
+        pa.array([p[2] for p in parts], pa.utf8()), pa.array(delta.values, pa.binary()),
+        pa.array(delta.befores, pa.binary())], schema=STATE_CELL_SCHEMA)
+    cells_bytes = _ipc(cells)
+    carried = _ipc(pa.table([pa.array(delta.carried, pa.binary())], schema=CARRIED_SCHEMA))
+    header = dict(delta.header(), cells_bytes=len(cells_bytes))
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return b"".join((_MAGIC, _HEAD.pack(STATE_VERSION, _KINDS[delta.kind], len(head)), head,
+                     cells_bytes, carried))
+
+
+def decode_state(data: bytes, what: str = "state object") -> StateDelta:
+    """Decode and verify (cell count, cell setsum) a checkpoint or stripe.
+    Raises ``CorruptState`` naming ``what``."""
+    try:
+        if data[:8] != _MAGIC:
+            raise ValueError(f"does not start with {_MAGIC!r}")
+        version, kind_code, head_len = _HEAD.unpack_from(data, 8)
+        if version != STATE_VERSION:
+            raise ValueError(f"format version {version}; this reader knows {STATE_VERSION}")
+        kind = {v: k for k, v in _KINDS.items()}.get(kind_code)
+        if kind is None:
+            raise ValueError(f"unknown kind {kind_code}")
+        pos = 8 + _HEAD.size
+        header: Any = json.loads(data[pos:pos + head_len])
+        pos += head_len
+        split = pos + _int(header["cells_bytes"])
+        cells = pa.ipc.open_stream(pa.py_buffer(data[pos:split])).read_all()
+        carried = pa.ipc.open_stream(pa.py_buffer(data[split:])).read_all()
+        if not cells.schema.equals(STATE_CELL_SCHEMA) or not carried.schema.equals(
+                CARRIED_SCHEMA):
+            raise ValueError("unexpected Arrow schema")
+        cells.validate(full=True)
+        for i in range(cells.num_columns):
+            if cells.column(i).null_count:
+                raise ValueError("a cell column holds nulls")
+        if carried.column(0).null_count:
+            raise ValueError("a carried message is null")
+        tables, rows, columns, values, befores = (cells.column(i).to_pylist() for i in range(5))
+        for row in rows:
+            decode_key(row)
+        keys = tuple(join_key(t, r, c) for t, r, c in zip(tables, rows, columns, strict=True))
+        replaced = header["replaced"]
+        delta = StateDelta(
+            kind=kind, lo=_int(header["lo"]), hi=_int(header["hi"]),
+            before=_text(header["before"]), after=_text(header["after"]),
+            trusted=bool(header["trusted"]), keys=keys, values=tuple(values),
+            befores=tuple(befores), carried=tuple(carried.column(0).to_pylist()),
+            state_setsum=_text(header["state_setsum"]),
+            replaced_records=_int(replaced["records"]), replaced_events=_int(replaced["events"]),
+            replaced_setsum=_text(replaced["setsum"]), cells_setsum=_text(header["cells_setsum"]))
+    except CorruptState:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, struct.error, RecursionError,
+            pa.ArrowException, OSError) as exc:
+        raise CorruptState(f"{what} does not decode: {type(exc).__name__}: {exc}"[:300]) from None
+    if _int(header["cells"]) != len(keys):
+        raise CorruptState(f"{what} holds {len(keys)} cells, its header says {header['cells']}")
+    actual = delta.compute_cells_setsum().hexdigest()
+    if actual != delta.cells_setsum:
+        raise CorruptState(f"{what}: its cells sum to {actual}, its header says "
+                           f"{delta.cells_setsum} (a cell was altered, lost or foreign)")
+    return delta
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r:.40}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+# -- the index --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One checkpoint or stripe as the index lists it."""
+
+    kind: str
+    path: str
+    sha256: str
+    num_bytes: int
+    lo: int
+    hi: int
+    cells: int
+    state_setsum: str
+    replaced_records: int
+    replaced_events: int
+    replaced_setsum: str
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "sha256": self.sha256,
+                "num_bytes": self.num_bytes, "lo": self.lo, "hi": self.hi, "cells": self.cells,
+                "state_setsum": self.state_setsum,
+                "replaced": {"records": self.replaced_records, "events": self.replaced_events,
+                             "setsum": self.replaced_setsum}}
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> StateEntry:
+        replaced = obj["replaced"]
+        return cls(_text(obj["kind"]), _text(obj["path"]), _text(obj["sha256"]),
+                   _int(obj["num_bytes"]), _int(obj["lo"]), _int(obj["hi"]), _int(obj["cells"]),
+                   _text(obj["state_setsum"]), _int(replaced["records"]),
+                   _int(replaced["events"]), _text(replaced["setsum"]))
+
+
+@dataclass(frozen=True)
+class StateIndex:
+    """The published checkpoint and stripes: ``entries[0]`` is the checkpoint."""
+
+    entries: tuple[StateEntry, ...]
+    path: str = ""
+    superseded: tuple[str, ...] = field(default=())
+
+    @property
+    def points(self) -> list[int]:
+        """The retained points: where a reader may stand below ``limit``."""
+        return [e.hi for e in self.entries]
+
+    @property
+    def limit(self) -> int:
+        return self.entries[-1].hi
+
+    @property
+    def replaced_setsum(self) -> Setsum:
+        total = Setsum()
+        for entry in self.entries:
+            total = total + Setsum.from_hexdigest(entry.replaced_setsum)
+        return total
+
+    def to_bytes(self) -> bytes:
+        obj = {"version": STATE_VERSION, "entries": [e.to_obj() for e in self.entries],
+               "points": self.points, "limit": self.limit,
+               "replaced_setsum": self.replaced_setsum.hexdigest(),
+               "superseded": list(self.superseded)}
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> StateIndex:
+        try:
+            obj: Any = json.loads(data)
+            if obj["version"] != STATE_VERSION:
+                raise ValueError(f"index version {obj['version']!r}; this reader knows "
+                                 f"{STATE_VERSION}")
+            index = cls(tuple(StateEntry.from_obj(e) for e in obj["entries"]), path,
+                        tuple(_text(p) for p in obj["superseded"]))
+            if not index.entries:
+                raise ValueError("no checkpoint")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise CorruptState(f"state index {path} does not decode: {exc!r:.200}") from None
+        problems = index.problems()
+        if problems:
+            raise CorruptState(f"state index {path}: " + "; ".join(problems))
+        return index
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.entries[0].kind != "checkpoint":
+            out.append("the first entry is not a checkpoint")
+        for prev, entry in zip(self.entries, self.entries[1:], strict=False):
+            if entry.kind != "stripe" or entry.lo != prev.hi or not entry.lo < entry.hi:
+                out.append(f"stripe [{entry.lo}, {entry.hi}) does not follow [{prev.lo}, "
+                           f"{prev.hi})")
+        return out
+
+    def nearest(self, offset: int) -> str:
+        """The retained points around ``offset``, for error messages."""
+        below = [p for p in self.points if p < offset]
+        above = [p for p in self.points if p > offset]
+        parts = []
+        if below:
+            parts.append(f"the nearest retained point before it is offset {below[-1]}")
+        if above:
+            parts.append(f"the nearest after it is offset {above[0]}")
+        return "; ".join(parts) + f" (retained points: {self.points})"
+
+
+def state_object_path(kind: str, data: bytes) -> str:
+    return f"{STATE_PREFIX}{kind.upper()}.{hashlib.sha256(data).hexdigest()}"
+
+
+def manifest_index_path(manifest: Manifest) -> str | None:
+    """The state index the manifest points at, or None."""
+    for name, text in manifest.extra:
+        if name == MANIFEST_FIELD:
+            try:
+                obj: Any = json.loads(text)
+                return _text(obj["index"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptState(f"manifest field {MANIFEST_FIELD} is invalid: {exc!r:.100}"
+                                   ) from None
+    return None
+
+
+def with_index(manifest: Manifest, path: str) -> Manifest:
+    text = json.dumps({"index": path}, separators=(",", ":"))
+    extra = tuple((n, t) for n, t in manifest.extra if n != MANIFEST_FIELD)
+    return replace(manifest, extra=(*extra, (MANIFEST_FIELD, text)))
+
+
+def _get_verified(log: LogStore, path: str, sha: str | None) -> bytes:
+    try:
+        data, _ = log.get(path)
+    except NotFound:
+        raise CorruptState(f"{log.key(path)} is referenced but missing") from None
+    expected = sha if sha is not None else path.rsplit(".", 1)[-1]
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise CorruptState(f"{log.key(path)} does not hash to its name (altered)")
+    return data
+
+
+def load_state_index(log: LogStore, manifest: Manifest) -> StateIndex | None:
+    """The index the manifest points at (verified), or None."""
+    path = manifest_index_path(manifest)
+    if path is None:
+        return None
+    return StateIndex.from_bytes(_get_verified(log, path, None), path)
+
+
+def load_state(log: LogStore, entry: StateEntry) -> StateDelta:
+    """A checkpoint or stripe, checked against its index entry."""
+    delta = decode_state(_get_verified(log, entry.path, entry.sha256), log.key(entry.path))
+    if (delta.kind, delta.lo, delta.hi, delta.state_setsum, delta.replaced_setsum,
+            delta.replaced_records, delta.replaced_events, len(delta.keys)) != (
+            entry.kind, entry.lo, entry.hi, entry.state_setsum, entry.replaced_setsum,
+            entry.replaced_records, entry.replaced_events, entry.cells):
+        raise CorruptState(f"{log.key(entry.path)} does not match its index entry")
+    return delta
+
+
+def iter_state_deltas(log: LogStore, index: StateIndex) -> Iterator[StateDelta]:
+    """The index's checkpoint and stripes, each checked, with the state setsum carried
+    along the chain (a stripe must move the previous state's setsum to its own)."""
+    current: Setsum | None = None
+    for entry in index.entries:
+        delta = load_state(log, entry)
+        start = Setsum() if delta.kind == "checkpoint" else current
+        assert start is not None
+        moved = moved_setsum(start, delta.keys, delta.befores, delta.values)
+        if moved.hexdigest() != delta.state_setsum:
+            raise CorruptState(f"{log.key(entry.path)}: the state it leads to sums to "
+                               f"{moved.hexdigest()}, it says {delta.state_setsum}")
+        current = moved
+        yield delta
+
+
+# -- publishing ---------------------------------------------------------------------------
+
+def write_state_objects(log: LogStore, deltas: Iterable[StateDelta]) -> StateIndex:
+    """Write each checkpoint/stripe (If-None-Match; an equal object already there is
+    success: the name is the content's hash) and the index; return the index."""
+    entries = []
+    for delta in deltas:
+        data = encode_state(delta)
+        path = state_object_path(delta.kind, data)
+        _put_once(log, path, data)
+        entries.append(StateEntry(delta.kind, path, hashlib.sha256(data).hexdigest(),
+                                  len(data), delta.lo, delta.hi, len(delta.keys),
+                                  delta.state_setsum, delta.replaced_records,
+                                  delta.replaced_events, delta.replaced_setsum))
+    index = StateIndex(tuple(entries))
+    return index
+
+
+def _put_once(log: LogStore, path: str, data: bytes) -> None:
+    """Write a content-addressed object once. One already there holds the same bytes,
+    unless it was damaged: then it is written again (the name says what it must hold)."""
+    try:
+        log.put_if_absent(path, data)
+    except PreconditionFailed:
+        found = log.get_or_none(path)
+        if found is None or found[0] != data:
+            log.put(path, data)
+
+
+def publish_state_index(log: LogStore, index: StateIndex, based_on: str | None) -> StateIndex:
+    """Install ``index`` by compare-and-swap of the manifest read with ``etag`` (whose
+    state index was ``based_on``), then delete what it superseded.
+
+    Durability order: the objects are already written; step 1 writes the index
+    (If-None-Match, content-addressed); step 2 swaps the manifest. On a lost race the
+    manifest is re-read: if its state index is still ``based_on`` (appends or a
+    collection moved it, nobody published), the pointer is rebased on it and the swap
+    retried; otherwise ``StateContention`` is raised and nothing was published. Step 3
+    deletes the state objects no longer referenced (idempotent; the new index names
+    them in ``superseded``, so a run that crashed before it is finished by the next).
+    """
+    old_paths = set(list_state_objects(log))
+    referenced = {e.path for e in index.entries}
+    superseded = tuple(sorted(old_paths - referenced - {_index_name(index)}))
+    index = replace(index, superseded=superseded)
+    data = index.to_bytes()
+    path = state_object_path("index", data)
+    index = replace(index, path=path)
+    _put_once(log, path, data)  # Step 1.
+    while True:  # Step 2.
+        manifest, etag = require_manifest(log)
+        if manifest_index_path(manifest) != based_on:
+            raise StateContention(
+                "another checkpoint or compaction published first; nothing was "
+                "published: run it again")
+        try:
+            log.put_if_match(MANIFEST_PATH, with_index(manifest, path).to_bytes(), etag)
+            break
+        except PreconditionFailed:
+            continue  # appends or a collection moved the manifest: rebase on it
+    finish_superseded(log, index)  # Step 3.
+    return index
+
+
+def _index_name(index: StateIndex) -> str:
+    return index.path
+
+
+def finish_superseded(log: LogStore, index: StateIndex) -> int:
+    """Delete the objects ``index`` superseded (never one it references)."""
+    keep = {e.path for e in index.entries} | {index.path}
+    deleted = 0
+    for path in index.superseded:
+        if path not in keep and path.startswith(STATE_PREFIX):
+            log.delete(path)
+            deleted += 1
+    return deleted
+
+
+def list_state_objects(log: LogStore) -> list[str]:
+    return [p for p in log.list(STATE_PREFIX) if p.startswith(STATE_PREFIX)]
+
+
+class StateContention(Wal3Error):
+    """Another checkpoint or compaction published its state first; run again."""
+
+
+# -- accounting -----------------------------------------------------------------------------
+
+def retained_setsum_below(reader: Any, manifest: Manifest, limit: int) -> Setsum:
+    """The setsum of the records still in the log at offsets below ``limit``: whole
+    fragments by their pointers' setsums, the one ``limit`` falls in by reading it."""
+    total = Setsum()
+    if limit <= manifest.oldest_offset:
+        return total
+    for frag in reader.scan(manifest.oldest_offset, manifest=manifest):
+        if frag.start >= limit:
+            break
+        if frag.limit <= limit:
+            total = total + frag.setsum
+            continue
+        records = [r for r in reader.fetch(frag) if r.offset < limit]
+        for record in records:
+            total = total + record_setsum(record.offset, record.timestamp_us, [record.body])
+    return total
+
+
+def check_accounting(reader: Any, manifest: Manifest, index: StateIndex) -> None:
+    """Raise ``CorruptState`` unless what the checkpoint and stripes replaced sums to
+    what the log collected plus the retained records below the index's limit."""
+    have = manifest.collected + retained_setsum_below(reader, manifest, index.limit)
+    want = index.replaced_setsum
+    if have != want:
+        raise CorruptState(
+            f"the checkpoint and stripes of {index.path} replaced records summing to "
+            f"{want.hexdigest()}, but the log's collected setsum plus its records below "
+            f"offset {index.limit} sum to {have.hexdigest()}: nothing may be collected")

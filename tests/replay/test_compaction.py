@@ -1,0 +1,262 @@
+"""Checkpoints and logical compaction against cursors (issue 9, parts 2-4).
+
+The reference is the uncompacted log: a reader *positioned at* offset ``p`` is an
+assembler that consumed every record below ``p``. After compaction (and collection),
+a reader at any retained point reaches the same state at every later retained point,
+and the same changesets, bit for bit, after the newest one; a fresh reader starts from
+the checkpoint; a reader anywhere else is refused, naming the retained points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from agent import Agent, MemoryStore
+from agent._workload import Workload
+from replay import Assembler, Changeset, InconsistentLog, collect_log, compact_log
+from replay._resume import frontier_of
+from sinks import Setsum
+from sinks.codec import decode
+from sinks.objstore import InMemoryObjectStore
+from sinks.wal3 import (
+    CorruptState,
+    CursorStore,
+    LogReader,
+    NotARetainedPoint,
+    StateDelta,
+    Wal3Sink,
+    WriterOptions,
+    read_log,
+)
+from sinks.wal3._garbage import Garbage
+from sinks.wal3._state import check_accounting, iter_state_deltas, load_state_index
+from tests.sinks.wal3.conftest import no_sleep
+
+Record = Any
+# Each example builds and compacts a log: shrinking would take minutes, and the seeds
+# printed on failure replay it.
+_PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+def build_log(seed: int, threads: int, batches: int, domains: int = 1,
+              name: str = "log") -> InMemoryObjectStore:
+    """A log of ``domains`` agent lifetimes (each a domain) over one store."""
+    objs = InMemoryObjectStore(f"{name}-{seed}", sleep=no_sleep)
+    store = MemoryStore()
+    for d in range(domains):
+        agent = Agent(store, Wal3Sink(objs, options=WriterOptions(batch_size_records=3)))
+        Workload(threads=threads, batches=batches, seed=seed * 7 + d,
+                 rows=(1, 2, 3, "k", "z")).run(agent)
+        agent.close()
+    return objs
+
+
+def clone(objs: InMemoryObjectStore, name: str) -> InMemoryObjectStore:
+    copy = InMemoryObjectStore(name, sleep=no_sleep)
+    for key, data in sorted(objs.objects().items()):
+        copy.put(key, data)
+    return copy
+
+
+def raw_records(objs: InMemoryObjectStore) -> list[tuple[int, Record]]:
+    return [(r.offset, decode(r.body)) for r in LogReader(objs).records()]
+
+
+def positioned_at(records: list[tuple[int, Record]], point: int) -> Assembler:
+    """A reader that consumed every record below ``point`` of the uncompacted log."""
+    asm = Assembler()
+    for offset, record in records:
+        if offset >= point:
+            break
+        asm.feed(record, defer=True)
+    asm.drain()
+    return asm
+
+
+def pending_epochs(asm: Assembler) -> dict[int, list[int]]:
+    """The epochs an assembler holds whose interval is not complete, per domain."""
+    return {d: sorted(dom.epochs) for d, dom in asm._domains.items() if dom.epochs}
+
+
+def bits(changeset: Changeset) -> tuple[Any, ...]:
+    return (changeset.domain_id, changeset.epoch_seq, changeset.event_count,
+            str(changeset.position), changeset._changes, changeset._before)
+
+
+class Reference:
+    """States and changesets of the uncompacted log at each point."""
+
+    def __init__(self, records: list[tuple[int, Record]], points: list[int]) -> None:
+        self.records = records
+        self.states: dict[int, tuple[dict[bytes, bytes], str]] = {}
+        self.pending: dict[int, dict[int, list[int]]] = {}
+        for point in points:
+            asm = positioned_at(records, point)
+            self.states[point] = (dict(asm._state), frontier_of(asm))
+            self.pending[point] = pending_epochs(asm)
+        newest = points[-1]
+        asm = positioned_at(records, newest)
+        self.after_newest = [bits(c) for c in asm.changesets(
+            r for o, r in records if o >= newest)]
+        self.final = dict(asm._state)
+
+
+def read_compacted(objs: InMemoryObjectStore, reader: Assembler, ref: Reference,
+                   from_offset: int | None) -> None:
+    """Read the compacted log with ``reader``: at every stripe's end it must hold the
+    reference state; after the last, the reference changesets, bit for bit."""
+    items = list(read_log(objs, from_offset=from_offset))
+    deltas = [i for i in items if isinstance(i, StateDelta)]
+    rest = items[len(deltas):]
+    assert not any(isinstance(i, StateDelta) for i in rest)
+    for delta in deltas:
+        reader.feed(delta)
+        if delta.hi in ref.states and (from_offset is None or delta.hi >= from_offset):
+            assert (reader._state, frontier_of(reader)) == ref.states[delta.hi], delta.hi
+            assert pending_epochs(reader) == ref.pending[delta.hi], delta.hi
+    assert [bits(c) for c in reader.changesets(rest)] == ref.after_newest
+    assert reader._state == ref.final
+
+
+def check_state_chain(objs: InMemoryObjectStore) -> None:
+    reader = LogReader(objs)
+    reader.scrub()
+    manifest = reader.manifest()
+    index = load_state_index(reader.store, manifest)
+    assert index is not None
+    list(iter_state_deltas(reader.store, index))
+    check_accounting(reader, manifest, index)
+
+
+@settings(max_examples=12, deadline=None, phases=_PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(seed=st.integers(0, 10_000), threads=st.integers(1, 3), domains=st.integers(1, 2),
+       fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4))
+def test_every_retained_point_reads_the_same_after_compaction(
+        seed: int, threads: int, domains: int, fractions: list[float]) -> None:
+    objs = build_log(seed, threads, 25, domains)
+    end = LogReader(objs).manifest().next_offset
+    points = sorted({max(1, min(end, 1 + int(f * (end - 1)))) for f in fractions})
+    for i, point in enumerate(points):
+        CursorStore(objs).init(f"reader{i}", point)
+    records = raw_records(objs)
+    ref = Reference(records, points)
+    report = compact_log(objs)
+    assert report.points == points
+    manifest = LogReader(objs).manifest()
+    assert report.gc is not None and report.gc.applied == (manifest.oldest_offset > 1)
+    check_state_chain(objs)
+    # A fresh reader starts from the checkpoint; one positioned at each point resumes.
+    read_compacted(objs, Assembler(), ref, None)
+    for point in points:
+        read_compacted(objs, positioned_at(records, point), ref, point)
+    # Offsets compacted away are refused, naming the retained points around them.
+    for q in range(manifest.oldest_offset):
+        if q not in points and q >= 1:
+            with pytest.raises(NotARetainedPoint, match="is not a retained point: the nearest"):
+                next(iter(read_log(objs, from_offset=q)))
+            break
+    # A reader standing inside a stripe (its state is from elsewhere) is refused.
+    inside = [q for q in range(points[0] + 1, manifest.oldest_offset)
+              if q not in points and frontier_of(positioned_at(records, q))
+              not in {s[1] for s in ref.states.values()}]
+    if inside:
+        stranger = positioned_at(records, inside[0])
+        with pytest.raises(InconsistentLog, match="not a retained point of this compacted"):
+            list(stranger.changesets(read_log(objs, from_offset=points[0])))
+
+
+@settings(max_examples=8, deadline=None, phases=_PHASES,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), threads=st.integers(1, 3),
+       fraction=st.floats(0.0, 1.0))
+def test_gc_then_read_log_from_the_checkpoint_equals_the_uncompacted_replay(
+        seed: int, threads: int, fraction: float) -> None:
+    objs = build_log(seed, threads, 30)
+    end = LogReader(objs).manifest().next_offset
+    point = max(1, int(fraction * end))
+    CursorStore(objs).init("consumer", point)
+    records = raw_records(objs)
+    ref = Reference(records, [point])
+    full = positioned_at(records, end + 1)
+    report = collect_log(objs)
+    assert report.points == [point]
+    check_state_chain(objs)
+    fresh = Assembler()
+    changesets = list(fresh.changesets(read_log(objs)))
+    assert fresh._state == full._state == ref.final
+    assert [bits(c) for c in changesets[-len(ref.after_newest):]] == ref.after_newest \
+        if ref.after_newest else True
+    read_compacted(objs, positioned_at(records, point), ref, point)
+
+
+def test_a_compacted_log_grows_with_cells_changed_not_events() -> None:
+    """Three cursors over a log of many events on few cells: each stripe holds at most
+    the cells there are, and the state objects are far smaller than the records freed."""
+    objs = build_log(5, 2, 400)
+    manifest = LogReader(objs).manifest()
+    end = manifest.next_offset
+    before = sum(len(v) for v in objs.objects().values())
+    for i, point in enumerate((end // 4, end // 2, end - 2)):
+        CursorStore(objs).init(f"r{i}", point)
+    report = compact_log(objs)
+    cells = len(report_cells := positioned_at(raw_records(objs), end)._state) or 1
+    assert report_cells is not None
+    assert all(n <= 2 * 5 * 3 for n in report.stripe_cells)  # tables x rows x columns
+    assert report.events_replaced > 20 * cells
+    after = sum(len(v) for v in objs.objects().values())
+    assert after < before / 3, (before, after)
+
+
+def test_a_damaged_stripe_is_refused_then_rewritten() -> None:
+    """A stripe whose bytes were altered no longer hashes to its name: scrub refuses it;
+    while the records it replaced are still in the log, the next compaction writes it
+    again; once they are collected, read_log refuses it."""
+    objs = build_log(9, 1, 60)
+    end = LogReader(objs).manifest().next_offset
+    for i, point in enumerate((end // 3, 2 * end // 3)):
+        CursorStore(objs).init(f"r{i}", point)
+    records = raw_records(objs)
+    ref = Reference(records, [end // 3, 2 * end // 3])
+    compact_log(objs, collect=False)
+    stripe = next(k for k in objs.objects() if k.startswith("state/STRIPE."))
+    good = objs.objects()[stripe]
+    bad = good[:-40] + bytes([good[-40] ^ 1]) + good[-39:]
+    objs.put(stripe, bad)
+    with pytest.raises(CorruptState, match="does not hash to its name"):
+        check_state_chain(objs)
+    compact_log(objs)
+    assert objs.objects()[stripe] == good
+    read_compacted(objs, Assembler(), ref, None)
+    objs.put(stripe, bad)
+    with pytest.raises(CorruptState, match="does not hash to its name"):
+        list(read_log(objs))
+
+
+def test_collection_refuses_when_the_replaced_accounting_is_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint claiming to replace other records than the log holds: the collection
+    is refused before anything is freed, and no garbage file is left behind."""
+    import replay._compaction as compaction
+
+    objs = build_log(4, 1, 40)
+    end = LogReader(objs).manifest().next_offset
+    CursorStore(objs).init("consumer", end // 2)
+    real = compaction._deltas
+
+    def off(*args: Any) -> list[StateDelta]:
+        deltas = real(*args)
+        wrong = Setsum.of([b"a record the log never held"]).hexdigest()
+        return [replace(deltas[0], replaced_setsum=wrong), *deltas[1:]]
+
+    monkeypatch.setattr(compaction, "_deltas", off)
+    fragments = sorted(k for k in objs.objects() if k.startswith("log/"))
+    with pytest.raises(CorruptState, match="nothing may be collected"):
+        collect_log(objs)
+    assert sorted(k for k in objs.objects() if k.startswith("log/")) == fragments
+    assert objs.objects().get("gc/GARBAGE", b"").strip() in (b"", Garbage().to_json().encode())

@@ -1,0 +1,187 @@
+"""Crash injection at every object-store call of a checkpoint, a collection and a
+compaction (issue 9, part 4).
+
+The log already holds a checkpoint and was collected below it, and has three cursors.
+For each store call of the operation in turn, a copy of the log 'crashes' before, then
+after, that call (the in-memory store's ``Crash``). Then readers must see the old log
+or the new one, never a mix: a fresh reader and a reader positioned at each cursor
+reach the reference states at every retained point and the reference changesets after
+it, bit for bit. Then a restart (the same call again, no manual step) finishes the
+work: scrub and the state chain check pass, no collection is left half done, and no
+state object is left that the published index does not reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from replay import Assembler, checkpoint_log, collect_log, compact_log
+from sinks.codec import decode
+from sinks.objstore import Call, Crash, InMemoryObjectStore
+from sinks.wal3 import CursorStore, LogReader, StateDelta, read_log
+from sinks.wal3._garbage import Garbage
+from sinks.wal3._state import STATE_PREFIX, load_state_index
+from tests.replay.test_compaction import (
+    bits,
+    build_log,
+    check_state_chain,
+    clone,
+    positioned_at,
+    raw_records,
+)
+
+Records = list[tuple[int, Any]]
+
+
+@functools.cache
+def _base() -> tuple[InMemoryObjectStore, tuple[tuple[int, Any], ...]]:
+    objs = build_log(11, 1, 24, name="crash-base")
+    records = raw_records(objs)
+    end = LogReader(objs).manifest().next_offset
+    CursorStore(objs).init("slow", end // 4)
+    collect_log(objs)  # a checkpoint at end // 4, the fragments below it freed
+    CursorStore(objs).init("middle", end // 2)
+    CursorStore(objs).init("fast", end - 2)
+    return objs, tuple(records)
+
+
+OPERATIONS: dict[str, Callable[[InMemoryObjectStore], Any]] = {
+    "compact": compact_log,
+    "collect": collect_log,
+    "checkpoint": lambda objs: checkpoint_log(objs, LogReader(objs).manifest().next_offset - 5),
+}
+
+
+def _expected_after(records: Records, start: int) -> list[tuple[Any, ...]]:
+    asm = positioned_at(records, start)
+    return [bits(c) for c in asm.changesets(r for o, r in records if o >= start)]
+
+
+def check_readers(objs: InMemoryObjectStore, records: Records) -> None:
+    """Every reader (fresh, or positioned at a cursor) sees one consistent log."""
+    cursors = CursorStore(objs)
+    starts: list[int | None] = [None]
+    starts += sorted(w.cursor.position for n in cursors.list()
+                     if (w := cursors.load(n)) is not None)
+    for start in starts:
+        reader = Assembler() if start is None else positioned_at(records, start)
+        items = list(read_log(objs, from_offset=start))
+        deltas = [i for i in items if isinstance(i, StateDelta)]
+        for delta in deltas:
+            reader.feed(delta)
+            if start is None or delta.hi > start:
+                want = positioned_at(records, delta.hi)
+                assert reader._state == want._state, (start, delta.hi)
+        raw_start = deltas[-1].hi if deltas else (start or 1)
+        got = [bits(c) for c in reader.changesets(items[len(deltas):])]
+        assert got == _expected_after(records, raw_start), (start, raw_start)
+
+
+def _steps(op: str) -> int:
+    objs = clone(_base()[0], f"count-{op}")
+    first = len(objs.calls)
+    OPERATIONS[op](objs)
+    return sum(1 for c in objs.calls[first:] if c.phase == "before")
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_a_crash_at_any_store_call_then_a_restart(op: str) -> None:
+    base, records_t = _base()
+    records = list(records_t)
+    total = _steps(op)
+    assert total > 10
+    crashed = 0
+    for step, phase in itertools.product(range(1, total + 1), ("before", "after")):
+        objs = clone(base, f"{op}-{step}-{phase}")
+        seen = itertools.count(1)
+        target: list[tuple[str, str, int]] = []
+
+        def hook(call: Call, step: int = step, phase: str = phase,
+                 seen: Iterator[int] = seen,
+                 target: list[tuple[str, str, int]] = target) -> None:
+            if call.phase == "before" and next(seen) == step:
+                target.append((call.op, call.key, call.n))
+            if call.phase == phase and target == [(call.op, call.key, call.n)]:
+                target.append(("", "", 0))  # fire once
+                raise Crash(f"crash {phase} store call {step}")
+
+        objs.on_step = hook
+        try:
+            OPERATIONS[op](objs)
+        except Crash:
+            crashed += 1
+        objs.on_step = None
+        where = f"{op}: crash {phase} call {step}"
+        try:
+            check_readers(objs, records)  # the old log or the new, never a mix
+            OPERATIONS[op](objs)  # the restart
+            check_readers(objs, records)
+            check_state_chain(objs)
+            garbage = objs.objects().get("gc/GARBAGE", b"")
+            assert garbage.strip() in (b"", Garbage().to_json().encode())
+            index = load_state_index(LogReader(objs).store, LogReader(objs).manifest())
+            assert index is not None
+            referenced = {e.path for e in index.entries} | {index.path}
+            stored = {k for k in objs.objects() if k.startswith(STATE_PREFIX)}
+            assert stored == referenced, stored ^ referenced
+        except AssertionError as exc:
+            raise AssertionError(f"{where}: {exc}") from exc
+    assert crashed >= 2 * total * 0.9
+
+
+def test_compaction_rebases_on_appends_and_refuses_a_race_it_lost() -> None:
+    """A writer appends while a compaction writes its objects: the compaction publishes
+    on top of the new manifest (the appended records stay, after the newest point). A
+    checkpoint that published meanwhile makes the compaction raise StateContention,
+    publishing nothing; the next run succeeds."""
+    from agent import Agent, MemoryStore
+    from sinks.wal3 import StateContention, Wal3Sink
+
+    base, records_t = _base()
+    objs = clone(base, "race")
+    fired: list[str] = []
+
+    def append_meanwhile(call: Call) -> None:
+        if call.phase == "before" and call.op == "put_if_absent" \
+                and call.key.startswith(STATE_PREFIX) and not fired:
+            fired.append(call.key)
+            objs.on_step = None
+            agent = Agent(MemoryStore(), Wal3Sink(objs))
+            agent.set("other", 1, "a", "appended meanwhile")
+            agent.close()
+
+    end = LogReader(objs).manifest().next_offset
+    objs.on_step = append_meanwhile
+    report = compact_log(objs)
+    assert fired and LogReader(objs).manifest().next_offset > end
+    assert load_state_index(LogReader(objs).store, LogReader(objs).manifest()).path == report.index
+    check_readers(objs, raw_records_of_all(objs, list(records_t)))
+    check_state_chain(objs)
+
+    lost: list[str] = []
+
+    def publish_meanwhile(call: Call) -> None:
+        if call.phase == "before" and call.op == "put_if_absent" \
+                and call.key.startswith(STATE_PREFIX) and not lost:
+            lost.append(call.key)
+            objs.on_step = None
+            checkpoint_log(objs, LogReader(objs).manifest().next_offset)
+
+    objs.on_step = publish_meanwhile
+    with pytest.raises(StateContention):
+        compact_log(objs)
+    assert lost
+    compact_log(objs)
+    check_state_chain(objs)
+
+
+def raw_records_of_all(objs: InMemoryObjectStore, before: Records) -> Records:
+    """The reference records: those of the base log, then any appended since."""
+    last = before[-1][0]
+    reader = LogReader(objs)
+    return before + [(r.offset, decode(r.body)) for r in reader.records(last + 1)]
