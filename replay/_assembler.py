@@ -20,6 +20,7 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -271,14 +272,18 @@ class Assembler:
         If an interval fails, the changesets before it are applied and returned, and the
         next call raises the ``InconsistentLog`` (at once if there was none before it).
         """
+        return [c for part in self._drain_parts() for c in part]
+
+    def _drain_parts(self) -> list[_Run | list[Changeset]]:
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-        done, self._ready = self._ready, []
+        ready, self._ready = self._ready, []  # from checkpoints and stripes, first
+        parts: list[_Run | list[Changeset]] = [ready]
         for domain in list(self._domains.values()):
-            done += self._drain_domain(domain, bulk=True)
+            parts += self._drain_domain_parts(domain, bulk=True)
         self._pending_events = 0
-        return done
+        return parts
 
     def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch
                                            | SnapshotChunk | StateDelta]
@@ -317,7 +322,8 @@ class Assembler:
             yield Snapshot(changeset.domain_id, changeset.epoch_seq, dict(state), changeset)
 
     def _drain_then_raise(self) -> Iterator[Changeset]:
-        yield from self.drain()
+        for part in self._drain_parts():
+            yield from part
         if self._failure is not None:
             self.drain()  # raises the failure held back for the good changesets
 
@@ -401,23 +407,30 @@ class Assembler:
         return True
 
     def _drain_domain(self, domain: _Domain, *, bulk: bool) -> list[Changeset]:
+        return [c for part in self._drain_domain_parts(domain, bulk=bulk) for c in part]
+
+    def _drain_domain_parts(self, domain: _Domain, *, bulk: bool
+                            ) -> list[_Run | list[Changeset]]:
+        """Apply what is complete in ``domain``; return its changesets, a run's built
+        only when iterated (so a long run of tiny intervals never holds them all)."""
         if self._baselines.wants(domain.domain_id):
-            return self._baselines.drain(self, domain)
+            return [self._baselines.drain(self, domain)]
         done: list[Changeset] = []
+        parts: list[_Run | list[Changeset]] = [done]
         try:
             if bulk:
                 run = self._complete_run(domain)
-                if run:
-                    done = self._advance_run(domain, run)
+                if run and (verified := self._advance_run(domain, run)) is not None:
+                    parts.insert(0, verified)
             while (changeset := self._advance(domain)) is not None:
                 done.append(changeset)
         except InconsistentLog as exc:
             if self._baselines.hold(domain.domain_id, exc):
-                return done  # a fresh consumer waits for a baseline (replay._baseline)
-            if not done:
+                return parts  # a fresh consumer waits for a baseline (replay._baseline)
+            if not any(len(part) for part in parts):
                 raise
             self._failure = exc  # raised by the next call, after the good changesets
-        return done
+        return parts
 
     # -- one quiescent interval (the reference path) -----------------------------------------
 
@@ -493,7 +506,7 @@ class Assembler:
             run.pop()
         return run
 
-    def _advance_run(self, domain: _Domain, epochs: list[EpochRecord]) -> list[Changeset]:
+    def _advance_run(self, domain: _Domain, epochs: list[EpochRecord]) -> _Run | None:
         """Verify and apply the intervals of ``epochs`` in one vectorised pass.
 
         If one is at fault, the intervals before it are verified again without it and
@@ -508,14 +521,16 @@ class Assembler:
             while cut > 0 and not epochs[cut - 1].quiescent:
                 cut -= 1
             epochs = epochs[:cut]
-        return []
+        return None
 
-    def _try_run(self, domain: _Domain, epochs: list[EpochRecord]) -> list[Changeset] | int:
+    def _try_run(self, domain: _Domain, epochs: list[EpochRecord]) -> _Run | int:
         """The changesets of the run, applied; or the index of the first epoch at fault
         (nothing applied)."""
         n_epochs = len(epochs)
+        # One C-level pass per field: no tuple per epoch (a run of one-event intervals
+        # holds ~2 epochs per event, and tuples that pile up set off the cycle collector).
         begins, ends_list, counts, quiet, table_counts, setsums = (
-            list(column) for column in zip(*map(_EPOCH_FIELDS, epochs), strict=True))
+            list(map(getter, epochs)) for getter in _EPOCH_FIELDS)
         if begins[0] != domain.applied_end or begins[1:] != ends_list[:-1]:
             expected = [domain.applied_end, *ends_list[:-1]]
             return next(i for i, (b, e) in enumerate(zip(begins, expected, strict=True))
@@ -558,10 +573,11 @@ class Assembler:
         else:
             for record in epochs:
                 del held[record.epoch_seq]
+        marker_list = markers.tolist()
         positions = _RunPositions(domain.domain_id, tuple(sorted(held)[:_SEEN_WINDOW]),
-                                  [ends_list[i] for i in markers.tolist()])
-        done = [Changeset(domain.domain_id, epochs[i].epoch_seq, count, positions, net, k)
-                for k, (i, count) in enumerate(zip(markers.tolist(), net.counts, strict=True))]
+                                  [ends_list[i] for i in marker_list])
+        first_seq = domain.applied_seq + 1  # the run's epochs are consecutive from here
+        done = _Run(domain.domain_id, [first_seq + i for i in marker_list], net, positions)
         domain.applied_seq, domain.applied_end = epochs[-1].epoch_seq, ends_list[-1]
         return done
 
@@ -674,6 +690,29 @@ def _identity_conflict(domain: _Domain, data: pa.Table, row: int) -> Inconsisten
         domain_id=domain.domain_id)
 
 
+class _Run:
+    """The changesets of a run of intervals verified and applied together, each built
+    when iterated: a consumer that lets each go keeps one alive, not one per interval."""
+
+    __slots__ = ("_domain_id", "_net", "_positions", "_seqs")
+
+    def __init__(self, domain_id: int, seqs: list[int], net: NetChanges,
+                 positions: _RunPositions) -> None:
+        self._domain_id = domain_id
+        self._seqs = seqs  # each changeset's quiescence point
+        self._net = net
+        self._positions = positions
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __iter__(self) -> Iterator[Changeset]:
+        n = len(self._seqs)
+        return map(Changeset, itertools.repeat(self._domain_id, n), self._seqs,
+                   self._net.counts, itertools.repeat(self._positions, n),
+                   itertools.repeat(self._net, n), range(n))
+
+
 @dataclass(frozen=True, slots=True)
 class _RunPositions:
     """The positions of a run's changesets, built when asked. The ``seen`` hint names
@@ -708,8 +747,11 @@ def _first_table_fault(table_counts: list[tuple[tuple[str, int], ...]], counts: 
     names = tables.dictionary.to_pylist()
     if len(names) == 1:  # one table: each record must say (that table, its count)
         name = names[0]
-        return next((i for i, (t, n) in enumerate(zip(table_counts, counts, strict=True))
-                     if n and t != ((name, n),)), None)
+        said = {n: ((name, n),) for n in set(counts)}  # one expected tuple per count
+        differs = np.fromiter(map(operator.ne, table_counts, map(said.__getitem__, counts)),
+                              dtype=bool, count=len(counts))
+        bad = np.flatnonzero(differs & (np.array(counts) != 0))  # epochs with no events: skipped
+        return int(bad[0]) if len(bad) else None
     code_of = {name: i for i, name in enumerate(names)}
     width = len(names) + 1
     exp_epoch: list[int] = []
@@ -781,8 +823,8 @@ def _first_setsum_fault(setsums: list[str], data: pa.Table, epoch_index: np.ndar
 
 
 _PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
-_EPOCH_FIELDS: Final = operator.attrgetter("begin_id", "end_id", "event_count", "quiescent",
-                                           "table_counts", "setsum")
+_EPOCH_FIELDS: Final = tuple(map(operator.attrgetter, (
+    "begin_id", "end_id", "event_count", "quiescent", "table_counts", "setsum")))
 
 
 def _check_counts(domain: _Domain, epochs: list[EpochRecord], data: pa.Table,

@@ -48,6 +48,7 @@ from sinks.codec import (
     encode_key,
     encode_value,
     raw_events_batch,
+    row_segment_digests,
     segment_digests,
 )
 from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
@@ -61,6 +62,9 @@ _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
 _RING: Final = 1 << 64
 _HALF_RING: Final = 1 << 63
 _MAX_POINTS: Final = 100_000
+_SMALL_SHARE: Final = 512  # a partition's share of an epoch up to this many events: no Arrow
+_EMPTY_SETSUMS: Final = ("", "0" * 64)  # an empty share's setsum (not computed / zero)
+_MAX_WHOLES: Final = 4096  # decoded whole-epoch headers kept (each partition repeats one)
 
 
 class _PendingBatches:
@@ -150,7 +154,9 @@ class _Epoch:
     """One epoch of one domain, as the partitions vouch for it."""
 
     whole: EpochRecord
-    batches: list[EventBatch] = field(default_factory=list)  # one per partition with events
+    raw_whole: bytes = b""  # its header's bytes (the key of KafkaLog._wholes)
+    batches: list[EventBatch] = field(default_factory=list)  # large partition shares
+    events: list[RawEvent] = field(default_factory=list)  # small ones, (batch, seq) order
     vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
     counted: int = 0
 
@@ -193,6 +199,12 @@ class KafkaLog:
         # Baseline chunks read before their quiescence point was fed: (domain, epoch) ->
         # chunks, fed to the assembler right after that epoch (sinks.kafka._snapshots).
         self._chunks: dict[tuple[int, int], list[SnapshotChunk]] = {}
+        # Every partition repeats an epoch's whole record: decode its bytes once.
+        self._wholes: dict[bytes, EpochRecord] = {}
+        # Events of epochs every partition vouched for, not yet given to the assembler:
+        # small shares go over as one Arrow batch (building one per share costs more
+        # than the share), always before the assembler verifies anything.
+        self._ready_events: list[RawEvent] = []
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
@@ -221,7 +233,7 @@ class KafkaLog:
         if self._failure is not None:
             raise self._failure
         self._next_offset[partition] = offset + 1
-        if value is not None and value[:3] == EVENT_MAGIC:
+        if value is not None and value.startswith(EVENT_MAGIC):
             try:
                 event = decode_event(value)
             except CodecError as exc:
@@ -229,7 +241,7 @@ class KafkaLog:
                                       f"event message: {exc}") from exc
             self._event(partition, offset, event)
             return []
-        marker = _marker_headers(headers)
+        marker = _marker_headers(headers, self._wholes)
         if marker is not None:
             return self._marker(partition, offset, *marker)
         chunk = _snapshot_chunk(partition, offset, value, headers, self.encoding)
@@ -262,7 +274,7 @@ class KafkaLog:
         if applied_end is not None and id_lt(event.batch_id, applied_end):
             self.duplicates += 1  # a copy of an event already applied
             return
-        lane = self._lane(partition, domain)
+        lane = self._lanes[partition].get(domain) or self._lane(partition, domain)
         if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
@@ -277,8 +289,8 @@ class KafkaLog:
             self.duplicates += 1
             return
 
-    def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord
-                ) -> list[Changeset]:
+    def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord,
+                raw_whole: bytes) -> list[Changeset]:
         domain, seq = whole.domain_id, whole.epoch_seq
         if (part.domain_id, part.epoch_seq, part.begin_id, part.end_id, part.quiescent) != (
                 domain, seq, whole.begin_id, whole.end_id, whole.quiescent) \
@@ -318,14 +330,16 @@ class KafkaLog:
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
         epoch = self._epochs.get((domain, seq))
         if epoch is None:
-            epoch = self._epochs[(domain, seq)] = _Epoch(whole)
+            epoch = self._epochs[(domain, seq)] = _Epoch(whole, raw_whole)
             if whole.begin_id == 0:  # the domain's first epoch: where feeding starts
                 self._first.setdefault(domain, (domain, seq))
         elif epoch.whole != whole:
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
-        if checked is not None:
+        if isinstance(checked, EventBatch):
             epoch.batches.append(checked)
+        elif checked:
+            epoch.events += checked
         epoch.counted += part.event_count
         epoch.vouched.add(partition)
         self._open[partition].append((offset, domain, seq, True))
@@ -343,6 +357,7 @@ class KafkaLog:
         # Open until a changeset after its point is handed out (its differences go there).
         self._open[partition].append((offset, domain, seq + 1, True))
         if (fed is None and before_first) or seq == fed:
+            self._flush_events()
             changesets = self.assembler.feed(chunk, defer=self._defer)
             self._hand_out(changesets)
             return changesets
@@ -364,10 +379,15 @@ class KafkaLog:
                     f"the partitions hold {epoch.counted} events of this epoch, its record "
                     f"says {whole.event_count}", domain_id=domain, epoch_seq=whole.epoch_seq)
             self._fed[domain] = whole.epoch_seq
+            self._wholes.pop(epoch.raw_whole, None)
             for batch in epoch.batches:
                 self.assembler.feed(batch)
+            self._ready_events += epoch.events
+            chunks = self._chunks.pop((domain, whole.epoch_seq), ())
+            if not self._defer or chunks:
+                self._flush_events()  # the assembler verifies now: it needs the events
             changesets = self.assembler.feed(whole, defer=self._defer)
-            for chunk in self._chunks.pop((domain, whole.epoch_seq), ()):
+            for chunk in chunks:
                 changesets += self.assembler.feed(chunk, defer=self._defer)
             self._hand_out(changesets)
             out.extend(changesets)
@@ -378,11 +398,18 @@ class KafkaLog:
         the next call raises its ``InconsistentLog``."""
         if self._failure is not None:
             raise self._failure
+        self._flush_events()
         changesets = self.assembler.drain()
         self._hand_out(changesets)
         self._failure = self.assembler._failure  # met after good ones: raised next time
         self.assembler._failure = None
         return changesets
+
+    def _flush_events(self) -> None:
+        """Give the assembler the small shares' events waiting, as one batch."""
+        if self._ready_events:
+            events, self._ready_events = self._ready_events, []
+            self.assembler.feed(raw_events_batch(events))
 
     def _hand_out(self, changesets: list[Changeset]) -> None:
         """Record, for each changeset handed out, where a restart after it begins."""
@@ -445,20 +472,31 @@ class KafkaLog:
         return [p for p in range(self.partitions) if p not in behind]
 
 
-def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None
-                    ) -> tuple[EpochRecord, EpochRecord] | None:
+def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,
+                    wholes: dict[bytes, EpochRecord]
+                    ) -> tuple[EpochRecord, EpochRecord, bytes] | None:
+    """The marker's partition record, whole record and the whole record's bytes
+    (``wholes``: those already decoded, by their bytes; a new one is added)."""
     if not headers:
         return None
     found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
     if len(found) != 2:
         return None
+    raw_whole = bytes(found[HEADER_WHOLE])
     try:
-        part, whole = decode(found[HEADER_PARTITION]), decode(found[HEADER_WHOLE])
+        part = decode(found[HEADER_PARTITION])
+        whole: object = wholes.get(raw_whole)
+        if whole is None:
+            whole = decode(raw_whole)
+            if isinstance(whole, EpochRecord):
+                if len(wholes) >= _MAX_WHOLES:
+                    wholes.clear()  # epochs never completed here (copies): start again
+                wholes[raw_whole] = whole
     except CodecError as exc:
         raise InconsistentLog(f"a corrupt epoch marker: {exc}") from exc
     if not isinstance(part, EpochRecord) or not isinstance(whole, EpochRecord):
         raise InconsistentLog("an epoch marker header holds events, not an epoch record")
-    return part, whole
+    return part, whole, raw_whole
 
 
 def _snapshot_chunk(partition: int, offset: int, value: bytes | None,
@@ -484,9 +522,9 @@ def _snapshot_chunk(partition: int, offset: int, value: bytes | None,
 
 
 def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
-                     ) -> EventBatch | None:
+                     ) -> EventBatch | list[RawEvent]:
     """The partition's events of an epoch against the partition's marker (step 2); returns
-    them as one batch in (batch, seq) order (None if there are none)."""
+    them in (batch, seq) order: as one batch, or as they are when there are few."""
     where = {"domain_id": part.domain_id, "epoch_seq": part.epoch_seq}
     if len(events) != part.event_count:
         raise InconsistentLog(
@@ -494,20 +532,36 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
             f"marker, the marker says {part.event_count}: "
             + ("events were lost" if len(events) < part.event_count else "foreign events"),
             **where)
+    if not events:  # the usual share of a small epoch: no counting, no hashing
+        if part.table_counts:
+            raise InconsistentLog(
+                f"partition {partition}: per-table counts {{}} differ from the "
+                f"marker's {dict(part.table_counts)}", **where)
+        if part.setsum not in _EMPTY_SETSUMS:
+            raise InconsistentLog(
+                f"partition {partition}: it holds no events of this epoch, but the marker's "
+                f"setsum is {part.setsum} (the marker was altered)", **where)
+        return events
     tables = Counter(e.table for e in events)
     if dict(tables) != dict(part.table_counts):
         raise InconsistentLog(
             f"partition {partition}: per-table counts {dict(tables)} differ from the "
             f"marker's {dict(part.table_counts)}", **where)
-    if not events:
-        return None
-    events.sort(key=lambda e: (e.batch_id, e.seq))
-    batch = raw_events_batch(events)
-    digests = [digest for _d, _b, digest in segment_digests(batch.data)]
-    actual = Setsum().insert_digests(b"".join(digests))
+    events.sort(key=_batch_and_seq)
+    checked: EventBatch | list[RawEvent]
+    if len(events) <= _SMALL_SHARE:
+        checked = events
+        actual = Setsum.of_digests(row_segment_digests(events))
+    else:
+        checked = raw_events_batch(events)
+        actual = Setsum.of_digests([digest for _d, _b, digest in segment_digests(checked.data)])
     if (actual.hexdigest() if actual else "") != part.setsum:
         raise InconsistentLog(
             f"partition {partition}: setsum of its events of this epoch is "
             f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
             "altered or lost)", **where)
-    return batch
+    return checked
+
+
+def _batch_and_seq(event: RawEvent) -> tuple[int, int]:
+    return event.batch_id, event.seq

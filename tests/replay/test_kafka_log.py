@@ -196,3 +196,90 @@ def test_ahead_names_the_partitions_that_do_not_hold_the_cut_back(run: Run) -> N
     assert log.drain()
     assert log.waiting_epochs() == 0
     assert log.ahead() == []
+
+
+def _damaged_topic(topic, kind: str, rng: random.Random):
+    """One damage of ``kind`` at a random place of a simulated native topic."""
+    import dataclasses
+
+    from sinks.codec import decode, encode_epoch
+    from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
+
+    topic = [list(msgs) for msgs in topic]
+    events = _event_positions(topic)
+    markers = [(p, i) for p, msgs in enumerate(topic) for i, (_k, _v, h) in enumerate(msgs)
+               if h is not None]
+
+    def forge(header: str, field: str, change: object) -> None:
+        p, i = rng.choice(markers)
+        key, value, headers = topic[p][i]
+        headers = [(name, encode_epoch(dataclasses.replace(
+            record := decode(raw), **{field: change(getattr(record, field))}))
+            if name == header else raw) for name, raw in headers]
+        topic[p][i] = (key, value, headers)
+
+    if kind == "drop event":
+        p, i = rng.choice(events)
+        del topic[p][i]
+    elif kind == "alter event":
+        p, i = rng.choice(events)
+        key, value, headers = topic[p][i]
+        topic[p][i] = (key, value[:-1] + bytes([value[-1] ^ 1]), headers)
+    elif kind == "drop marker":
+        p, i = rng.choice(markers[:-3])  # not a partition's last (a log may end early)
+        del topic[p][i]
+    elif kind == "forge partition setsum":
+        forge(HEADER_PARTITION, "setsum", lambda _: "1" * 64)
+    elif kind == "forge partition count":
+        forge(HEADER_PARTITION, "event_count", lambda n: n + 1)
+    elif kind == "forge whole count":
+        forge(HEADER_WHOLE, "event_count", lambda n: n + 1)
+    elif kind == "duplicate":
+        p, i = rng.choice(events + markers)
+        topic[p].insert(rng.randint(i + 1, len(topic[p])), topic[p][i])
+    return topic
+
+
+@pytest.mark.parametrize("small_share", [0, 512])  # every share through Arrow / none
+@pytest.mark.parametrize("kind", ["drop event", "alter event", "drop marker",
+                                  "forge partition setsum", "forge partition count",
+                                  "forge whole count", "duplicate"])
+@pytest.mark.parametrize("bulk", [False, True])
+def test_damage_is_refused_after_only_true_changesets(
+        run: Run, monkeypatch: pytest.MonkeyPatch, small_share: int, kind: str,
+        bulk: bool) -> None:
+    """Damage anywhere (a few random places each): every changeset handed out is one of
+    the undamaged topic's, in order; a copy changes nothing; anything else is refused
+    with InconsistentLog (or, where only the tail is hit, nothing past it is handed out).
+    Both ways a partition's share is checked: in Python (few events) or in Arrow."""
+    import replay._kafka_log as kafka_log
+
+    monkeypatch.setattr(kafka_log, "_SMALL_SHARE", small_share)
+    topic = simulate_topic(run.items, 3, "native")
+    clean = [(c.epoch_seq, c._changes) for c in Feeder(topic, random.Random(4)).feed(
+        KafkaLog(3))]
+    rng = random.Random(hash((kind, small_share, bulk)) % 1000)
+    for _ in range(3):
+        damaged = _damaged_topic(topic, kind, rng)
+        log = KafkaLog(3, bulk=bulk)
+        feeder = Feeder(damaged, random.Random(rng.randrange(100)))
+        got: list = []
+        error: InconsistentLog | None = None
+        try:
+            while sum(feeder.next) < sum(map(len, damaged)):
+                got += feeder.feed(log, limit=rng.choice([7, 300]))
+                if bulk:
+                    got += log.drain()
+        except InconsistentLog as exc:
+            error = exc
+            if bulk:
+                got += log.drain() if log._failure is None else []
+        handed = [(c.epoch_seq, c._changes) for c in got]
+        assert handed == clean[:len(handed)], kind
+        if kind == "duplicate":
+            assert error is None and handed == clean
+        else:
+            assert error is not None or len(handed) < len(clean), kind
+        if kind in ("drop event", "alter event"):
+            # Found by the partition's own marker, before the epoch reaches the assembler.
+            assert error is not None and "partition " in str(error), error

@@ -399,3 +399,31 @@ def test_a_replica_written_behind_its_back_refuses_to_diverge(
     trusting = fresh_replica(verify_before=False)
     assert trusting.apply(second) is True  # verify_before=False trusts the consumer
     assert trusting.snapshot() == {("cdc_demo_accounts", 1, "balance"): 2}
+
+
+def test_nan_payloads_and_signed_zeros_survive_replication(
+        fresh_replica: Callable[..., PostgresReplica]) -> None:
+    """Floats reach the replica bit for bit (NaN payloads, -0.0), and the check of what a
+    changeset replaces compares bits (any new way of staging rows must keep this)."""
+    import struct
+
+    nan_a, nan_b, nan_s = [struct.unpack(">d", bytes.fromhex(h))[0]
+                           for h in ("7ff8000000000123", "7ff800000000abcd", "fff0000000000001")]
+    values = [nan_a, nan_b, -0.0, nan_s]
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for value in values:
+        with agent.batch():
+            agent.set("cdc_demo_accounts", 1, "rate", value)
+            agent.set("cdc_demo_accounts", 2, "owner", "x")
+    agent.close()
+    changesets = list(Assembler().changesets(sink.records))
+    replica = fresh_replica()
+    assert replica.apply(changesets[0]) is True
+    # Holding nan_a, the changeset that replaces nan_b (same NaN, other payload) is refused.
+    with pytest.raises(ReplicaError, match="does not hold what the changesets replace"):
+        replica.apply(changesets[2])
+    for changeset, value in zip(changesets, values, strict=True):
+        replica.apply(changeset)
+        held = replica.snapshot()[("cdc_demo_accounts", 1, "rate")]
+        assert struct.pack(">d", held) == struct.pack(">d", value)
