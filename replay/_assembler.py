@@ -36,7 +36,7 @@ from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay._resume import StateDelta, apply_state
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
-from sinks import SETSUM_PRIMES, EventBatch, Setsum
+from sinks import SETSUM_PRIMES, EpochRun, EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
     SnapshotChunk,
@@ -232,8 +232,8 @@ class Assembler:
         """A decoded copy of the state at the last verified quiescence point."""
         return {_decode_cell(k): decode_value(v) for k, v in self._state.items()}  # type: ignore[misc]
 
-    def feed(self, record: ChangeEvent | EpochRecord | EventBatch | SnapshotChunk | StateDelta,
-             *,
+    def feed(self, record: ChangeEvent | EpochRecord | EpochRun | EventBatch | SnapshotChunk
+             | StateDelta, *,
              defer: bool = False) -> list[Changeset]:
         """Take one record; return the changesets it completed (often none).
 
@@ -258,6 +258,8 @@ class Assembler:
             return self._drain_domain(self._domains[record.domain_id], bulk=False)
         if isinstance(record, SnapshotChunk):
             return self._baselines.feed(self, record, defer=defer)
+        if isinstance(record, EpochRun):  # a decoded EPOCHS message: its records in order
+            return [c for epoch in record.records() for c in self.feed(epoch, defer=defer)]
         if isinstance(record, StateDelta):  # a checkpoint or stripe (replay._resume)
             done = self.drain() + apply_state(self, record)
             if defer:
