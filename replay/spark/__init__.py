@@ -22,17 +22,20 @@ from replay.spark._epochs import UnsupportedRecord
 from replay.spark._output import applied_frontier, write_changesets, write_state
 from replay.spark._replay import ChangeStyle, LogReplay
 from replay.spark._state import to_state, wide
+from replay.spark._stream import QuiescencePoints, stream_changesets
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "LogReplay",
+    "QuiescencePoints",
     "UnsupportedRecord",
     "applied_frontier",
     "changesets",
     "events",
     "snapshot",
+    "stream_changesets",
     "to_state",
     "verify",
     "wide",

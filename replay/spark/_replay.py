@@ -409,7 +409,9 @@ class LogReplay:
                 continue
             whole = self.whole_from(domain_id)
             start = None if since is None else since.get(domain_id)
-            fresh = start is None or (whole is not None and 0 <= whole <= start.epoch_seq)
+            first = self.baselines.first(domain_id)
+            fresh = start is None or (whole is not None and 0 <= whole <= start.epoch_seq) or (
+                first is not None and start.epoch_seq < first.start)
             for failure in sorted(found, key=lambda f: f.q):
                 if limit is not None and failure.q > limit.epoch_seq:
                     continue
@@ -452,12 +454,15 @@ class LogReplay:
 
     # -- results -----------------------------------------------------------------------------
 
-    def frontier(self, at: str | Position | Frontier | None = None) -> Frontier:
+    def frontier(self, at: str | Position | Frontier | None = None, *,
+                 fill: bool = True) -> Frontier:
         """``at`` as a frontier of quiescence points of this log (default: the last ones).
 
-        A domain that ``at`` does not name stays at its last quiescence point.
+        A domain that ``at`` does not name stays at its last quiescence point (``fill``;
+        otherwise it is left out).
         """
-        last = {p.domain_id: p for p in self.epochs.last_positions()}
+        last = ({p.domain_id: p for p in self.epochs.last_positions()}
+                if fill or at is None else {})
         wanted = _frontier(at)
         for p in wanted or ():
             if p.domain_id not in self.epochs.epochs:
@@ -465,6 +470,39 @@ class LogReplay:
                                  f"log does not hold")
             last[p.domain_id] = self.epochs.position(p.domain_id, p.epoch_seq)
         return Frontier.of(last.values())
+
+    def settle(self, end: Frontier) -> Frontier:
+        """The furthest frontier up to ``end`` a stream can apply now.
+
+        A domain inside a baseline that is not whole yet stops before it; a domain whose
+        cell check breaks where no baseline of it is whole yet waits before that
+        interval, as the Python assembler holds it, for at most ``HOLD_LIMIT_EPOCHS``
+        epochs (then, and for a count or setsum failure, ``InconsistentLog``). A domain
+        with no point to apply is left out.
+        """
+        from replay._baseline import HOLD_LIMIT_EPOCHS
+
+        out = []
+        for p in self.frontier(end, fill=False):
+            d = p.domain_id
+            points = [r.epoch_seq for r in self.epochs.intervals.get(d, [])]
+            limit: int | None = p.epoch_seq
+            first, whole = self.baselines.first(d), self.whole_from(d)
+            if first is not None and whole is not None and (
+                    whole < 0 or p.epoch_seq < whole) and p.epoch_seq >= first.start:
+                limit = max((q for q in points if q < first.start), default=None)
+            for failure in sorted(self._failures.get(d, []), key=lambda f: f.q):
+                if limit is None or failure.q > limit:
+                    break
+                if failure.forgiven and whole is not None and 0 <= whole <= limit:
+                    continue
+                behind = len(self.epochs.epochs[d]) - failure.epoch_seq
+                if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
+                    raise failure.error()
+                limit = max((q for q in points if q < failure.q), default=None)
+            if limit is not None:
+                out.append(self.epochs.position(d, limit))
+        return Frontier.of(out)
 
     def _limits(self, frontier: Frontier, column: str = "q") -> Column:
         cond = F.lit(False)
@@ -482,6 +520,10 @@ class LogReplay:
         frontier = self.frontier(at)
         self._check_whole(frontier)
         self.check(frontier)
+        return self._state_at(frontier)
+
+    def _state_at(self, frontier: Frontier) -> DataFrame:
+        """The cells at ``frontier`` (its domains only), unchecked: callers check."""
         changed = self._cells.filter(F.col("changed") & self._limits(frontier))
         last = changed.groupBy("domain", *CELL).agg(
             F.max_by(F.struct("q", "after"), F.col("q")).alias("last"))
@@ -502,7 +544,7 @@ class LogReplay:
 
     def changesets(self, start: str | Position | Frontier | None = None,
                    end: str | Position | Frontier | None = None, *,
-                   style: ChangeStyle = "before_after") -> DataFrame:
+                   style: ChangeStyle = "before_after", exact: bool = False) -> DataFrame:
         """Net per-cell changes of each quiescent interval after ``start`` up to ``end``.
 
         One row per changed cell and interval, in the style of Delta Lake's change data
@@ -519,10 +561,12 @@ class LogReplay:
         A domain with a baseline replayed from nothing (``start`` does not name it)
         starts at the point its first baseline is whole (``whole_from``): its first
         changeset is that state, as inserts; the partial states before are not given.
+        From a ``start`` before the baseline, the intervals up to that point become one
+        changeset there. ``exact``: domains ``end`` does not name give no rows.
         """
         if style not in ("before_after", "delta"):
             raise ValueError(f"style {style!r}: use 'before_after' or 'delta'")
-        until = self.frontier(end)
+        until = self.frontier(end, fill=not exact)
         since = _frontier(start)
         self._check_whole(until)
         if since is not None:
@@ -534,19 +578,35 @@ class LogReplay:
         for p in since or ():
             rows = rows.filter((F.col("domain") != F.lit(_signed(p.domain_id)))
                                | (F.col("q") > F.lit(p.epoch_seq)))
-        named = {p.domain_id for p in since or ()}
         for domain_id in self.baselines.baselines:
             whole = self.whole_from(domain_id)
+            first = self.baselines.first(domain_id)
             limit = until.get(domain_id)
-            if domain_id in named or whole is None or whole < 0 or limit is None:
+            begin = None if since is None else since.get(domain_id)
+            if (whole is None or whole < 0 or first is None or limit is None
+                    or limit.epoch_seq < whole
+                    or (begin is not None and begin.epoch_seq >= first.start)):
                 continue
-            # From nothing: the baseline's whole state is the domain's first changeset.
+            # From nothing, or from a point before the baseline: the partial intervals
+            # up to the point the baseline is whole become one changeset there, from the
+            # state held (none, or the state at `begin`) to the baseline's whole state.
             d = F.lit(_signed(domain_id))
-            state = self.snapshot(Frontier.of([self.epochs.position(domain_id, whole)]))
+            cell = ["domain", *CELL]
+            to = self._state_at(Frontier.of([self.epochs.position(domain_id, whole)]))
+            to = to.select(F.col("_domain").alias("domain"), *CELL,
+                           F.col("value").alias("after"))
+            if begin is None:
+                held = to.select(*cell, absent().alias("before")).limit(0)
+            else:
+                held = self._state_at(Frontier.of([begin])).select(
+                    F.col("_domain").alias("domain"), *CELL, F.col("value").alias("before"))
+            diff = (held.join(to, cell, "full_outer")
+                    .select(*cell, F.coalesce("before", absent()).alias("before"),
+                            F.coalesce("after", absent()).alias("after"))
+                    .filter(F.col("before") != F.col("after")))
             rows = rows.filter((F.col("domain") != d) | (F.col("q") > F.lit(whole)))
-            rows = rows.unionByName(state.filter(F.col("_domain") == d).select(
-                F.col("_domain").alias("domain"), F.lit(whole).cast("bigint").alias("q"),
-                *CELL, absent().alias("before"), F.col("value").alias("after")))
+            rows = rows.unionByName(diff.select(
+                "domain", F.lit(whole).cast("bigint").alias("q"), *CELL, "before", "after"))
         out = rows.join(F.broadcast(self._points()), ["domain", "q"]).select(
             "_position", F.col("domain").alias("_domain"), F.col("q").alias("_epoch"),
             *CELL, "before", "after")

@@ -83,7 +83,8 @@ class Logged:
 def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 150,
               rows: int = 120, seed: int = 0,
               ids: Callable[[int], MonotonicIds | None] = lambda d: None,
-              uri: str | None = None, endpoint_url: str | None = None) -> Logged:
+              uri: str | None = None, endpoint_url: str | None = None,
+              table_prefix: str = "") -> Logged:
     """Run ``domains`` Agents concurrently into a wal3 log at ``path`` (or ``uri``)."""
     uri = uri or f"file://{path}"
     sink = Wal3Sink(uri, endpoint_url=endpoint_url,
@@ -94,7 +95,7 @@ def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 
     lock = threading.Lock()
     agents = []
     for d in range(domains):
-        tables = (f"d{d}_items", f"d{d}_users")
+        tables = (f"{table_prefix}d{d}_items", f"{table_prefix}d{d}_users")
 
         def capture(marker: EpochRecord, tables: tuple[str, ...] = tables) -> None:
             state = {c: v for c, v in bits(store.snapshot()).items() if c[0] in tables}

@@ -220,45 +220,79 @@ def test_without_its_baseline_the_log_is_refused(spark: Any, tmp_path: Path,
         _open(spark, tmp_path / "log", records).snapshot()
 
 
-def _tiny(chunk_value: Any | None) -> tuple[list[Message], dict[Any, Any]]:
-    """A store holding ('t', 1, 'a') = 2; an event before the baseline, one after.
-    ``chunk_value``: forge the chunk's value of that cell (setsum recomputed)."""
-    store = MemoryStore({("t", 1, "a"): 2, ("t", 2, "b"): "x"})
+_X = ("t", 1, "a")
+_Y = ("t", 2, "b")
+
+
+def _tiny(forge: dict[Any, Any] | None = None, *, later: bool = True
+          ) -> tuple[list[Message], dict[Any, Any]]:
+    """A store holding X = 2 and Y = "x"; X set to 5 before the baseline (a chain the
+    log cannot check); with ``later``, X set to 3 and Y deleted after it. ``forge``:
+    give a cell another value in its chunk (None: leave it out), setsum recomputed."""
+    store = MemoryStore({_X: 2, _Y: "x"})
     sink = MemorySink(keep_messages=True)
     agent = Agent(store, sink)
-    agent.set("t", 1, "a", 5)  # the log never saw 2: a broken chain, forgiven
+    agent.set(*_X, 5)
     agent.snapshot(chunk_rows=1)
-    agent.set("t", 1, "a", 3)
-    agent.delete("t", 2, "b")
+    if later:
+        agent.set(*_X, 3)
+        agent.delete(*_Y)
     agent.close()
     records: list[Message] = list(sink.decoded_messages())
-    if chunk_value is not None:
-        for k, r in enumerate(records):
-            if isinstance(r, SnapshotChunk) and any(c[:3] == ("t", 1, "a") for c in r.cells()):
-                cells = [(t, row, c, chunk_value if (t, row, c) == ("t", 1, "a") else v)
-                         for t, row, c, v in r.cells()]
-                records[k] = SnapshotChunk.build(r.domain_id, r.epoch_seq, r.end_id,
-                                                 r.baseline_id, r.index, r.last, r.lo, r.hi,
-                                                 cells)
+    for k, r in enumerate(records):
+        if isinstance(r, SnapshotChunk) and forge:
+            cells = [(t, row, c, forge.get((t, row, c), v)) for t, row, c, v in r.cells()]
+            records[k] = SnapshotChunk.build(
+                r.domain_id, r.epoch_seq, r.end_id, r.baseline_id, r.index, r.last, r.lo,
+                r.hi, [cell for cell in cells if cell[3] is not _GONE])
     return records, store.snapshot()
 
 
+_GONE = object()
+
+
 def test_a_small_baseline_by_hand(spark: Any, tmp_path: Path) -> None:
-    records, final = _tiny(None)
+    records, final = _tiny()
+    assert len([r for r in records if isinstance(r, SnapshotChunk)]) == 2
     replay = _open(spark, tmp_path / "log", records)
-    assert to_state(replay.snapshot()) == final == {("t", 1, "a"): 3}
-    python = list(Assembler().replay(records))
-    assert python[-1].state == final
+    assert to_state(replay.snapshot()) == final == {_X: 3}
+    assert list(Assembler().replay(records))[-1].state == final
+    # The first chunk's point is inside the baseline: partial.
+    first = replay.baselines.first(replay.epochs.last_positions()[0].domain_id)
+    assert first is not None and first.start < first.end
+    with pytest.raises(ValueError, match="partial state"):
+        replay.snapshot(str(replay.epochs.position(first.domain_id, first.start)))
+
+
+def test_a_chunk_that_leaves_a_cell_out_removes_it(spark: Any, tmp_path: Path) -> None:
+    """A chunk is the whole truth of its rows: a cell the events made but the chunk does
+    not list is gone from the chunk's point on (as in the Python assembler)."""
+    records, _ = _tiny({_X: _GONE}, later=False)
+    state = to_state(_open(spark, tmp_path / "log", records).snapshot())
+    assert state == list(Assembler().replay(records))[-1].state == {_Y: "x"}
+
+
+def test_an_altered_chunk_of_a_small_log_is_refused(spark: Any, tmp_path: Path) -> None:
+    records, _ = _tiny()
+    forged, _ = _tiny({_X: 9})
+    k = next(i for i, r in enumerate(records) if isinstance(r, SnapshotChunk))
+    chunk, other = records[k], forged[k]
+    assert isinstance(chunk, SnapshotChunk) and isinstance(other, SnapshotChunk)
+    records[k] = SnapshotChunk(chunk.domain_id, chunk.epoch_seq, chunk.end_id,
+                               chunk.baseline_id, chunk.index, chunk.last, chunk.lo, chunk.hi,
+                               other.data, chunk.cell_count, chunk.setsum)
+    with pytest.raises(InconsistentLog, match="setsum"):
+        _open(spark, tmp_path / "log", records).snapshot()
 
 
 def test_an_event_contradicting_its_chunk_is_refused(spark: Any, tmp_path: Path) -> None:
     """After its row's chunk a cell is checked strictly: the chunk says 7, the next event
     replaces 5: refused, naming the cell (the forgiveness stops at the chunk)."""
-    records, _ = _tiny(7)
+    records, _ = _tiny({_X: 7})
     replay = _open(spark, tmp_path / "log", records)
     with pytest.raises(InconsistentLog, match="did not replace") as info:
         replay.snapshot()
-    assert info.value.cell == ("t", 1, "a")
+    assert info.value.cell == _X
     with pytest.raises(InconsistentLog):
         list(Assembler().replay(records))
 
