@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent import Agent, MemoryStore
-from replay import Assembler, InconsistentLog
+from replay import Assembler, Frontier, InconsistentLog
 from replay.spark import LogReplay, to_state
 from sinks import MemorySink
 from sinks.codec import SnapshotChunk, decode_key
@@ -309,3 +309,25 @@ def test_resuming_after_the_baseline(replay: LogReplay, based: BaselineLogged) -
     assert mine and min(r["_epoch"] for r in mine) > whole
     every = [r for r in replay.changesets().collect() if r["_domain"] % (1 << 64) == b]
     assert len(mine) == len([r for r in every if r["_epoch"] > whole])
+
+
+def test_settle_holds_a_domain_until_its_baseline(replay: LogReplay,
+                                                  based: BaselineLogged) -> None:
+    """A stream's frontier before the baseline, past a broken chain on a cell the log
+    never saw: held before that interval (as the Python assembler holds it), not
+    refused; once the baseline is whole, settled at the asked point."""
+    b = based.baseline_domain
+    first = replay.baselines.first(b)
+    whole = replay.whole_from(b)
+    assert first is not None and whole is not None
+    before = max(q for d, q in based.at_quiescence if d == b and q < first.start)
+    token = replay.epochs.position(b, before)
+    with pytest.raises(InconsistentLog, match="cell state cannot be rebuilt"):
+        replay.snapshot(str(token))  # strictly, the chain broke before the baseline
+    held = replay.settle(Frontier.of([token])).get(b)
+    assert held is None or held.epoch_seq < before
+    inside = replay.epochs.position(b, next(q for d, q in sorted(based.at_quiescence)
+                                            if d == b and first.start <= q < whole))
+    assert replay.settle(Frontier.of([inside])).get(b) == held
+    done = replay.epochs.position(b, whole)
+    assert replay.settle(Frontier.of([done])).get(b) == done
