@@ -1,7 +1,9 @@
 """Application side: write-batch scoping, the Agent, relaxed stores, the command line.
 
-May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo only). Start with
-``_agent.py`` (batches and capture), then ``_store.py`` (what a relaxed store is).
+May import ``sequencer`` and ``sinks`` (and ``replay`` in the demo and the command line
+only: ``cli.py``, ``_cli_*``, ``_demo*``), never another package's private modules
+(``tests/test_package_boundaries.py`` checks). Start with ``_agent.py`` (batches and
+capture), then ``_store.py`` (what a relaxed store is).
 """
 
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout

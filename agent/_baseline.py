@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from agent._agent import QuiescenceTimeout
 from sequencer import RowKey, Value
 from sinks import Setsum
-from sinks._snapshot_codec import Bound, SnapshotCell, SnapshotChunk
+from sinks.codec import Bound, SnapshotCell, SnapshotChunk
 
 if TYPE_CHECKING:
     from agent._agent import _Capture
@@ -261,7 +261,7 @@ async def _await_quiescent(agent: _Capture) -> tuple[int, int]:
 
 def sorted_cells(cells: dict[tuple[str, RowKey, str], Value]) -> list[SnapshotCell]:
     """Cells as (table, row, column, value) in snapshot row order (for tests)."""
-    from sinks._snapshot_codec import row_order
+    from sinks.codec import row_order
 
     return sorted(((t, r, c, v) for (t, r, c), v in cells.items()),
                   key=lambda x: (row_order(x[0], x[1]), x[2]))

@@ -23,7 +23,7 @@ from typing import Any
 from agent._cli_progress import Progress
 from agent._config import uri_from_path
 from agent._logging import configure_logging
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["register"]
 
@@ -63,8 +63,9 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def _fail_open(args: argparse.Namespace, exc: Exception) -> int:
-    print(redact(f"cdc-agent log {args.log_command}: cannot open {args.uri}: {exc}"),
-          file=sys.stderr)
+    # Errors that already name the log are printed as they are, the rest get its URI.
+    where = "" if str(args.uri) in str(exc) else f"cannot open {args.uri}: "
+    print(redact(f"cdc-agent log {args.log_command}: {where}{exc}"), file=sys.stderr)
     return 2
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from agent._logging import configure_logging
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["register"]
 
@@ -166,7 +166,8 @@ def _records(reader: Any, manifest: Any, begin: int) -> Iterator[Any]:
 def changeset_json(changeset: Any) -> dict[str, Any]:
     """The JSON-ready form of a ``replay.Changeset``."""
     from sequencer import ABSENT
-    from sinks.kafka._debezium import encode_key, encode_value
+    from sinks.codec import encode_debezium_key as encode_key
+    from sinks.codec import encode_debezium_value as encode_value
 
     changes = []
     for (table, row, column), after in sorted(changeset.changes.items(), key=repr):

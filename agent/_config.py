@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinks import MemorySink, Sink
-from sinks._redact import redact
+from sinks import MemorySink, Sink, redact
 
 __all__ = ["ENV_PREFIX", "Config", "ConfigError", "load_config", "uri_from_path"]
 

@@ -237,7 +237,8 @@ def run_postgres_demo(dsn: str, *, threads: int, batches: int, seed: int) -> int
     import psycopg
 
     from agent._postgres_store import PostgresStore
-    from replay._postgres_replica import POSITION_TABLE, PostgresReplica
+    from replay import REPLICA_POSITION_TABLE as POSITION_TABLE
+    from replay import PostgresReplica
 
     target = replica_dsn(dsn)
     create_demo_tables(dsn)

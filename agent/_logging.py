@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
-from sinks._log_routing import EVENT_ATTRIBUTE, route_library_logs
-from sinks._redact import redact
+from sinks import LOG_EVENT_ATTRIBUTE as EVENT_ATTRIBUTE
+from sinks import redact, route_library_logs
 
 __all__ = ["CLI_LOGGER", "configure_logging", "logs_json", "say"]
 

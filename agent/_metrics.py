@@ -189,9 +189,7 @@ def wal3_cursor_lag(log_uri: Any, cursor: str, *, prefix: str = "",
                     endpoint_url: str | None = None) -> Callable[[], int]:
     """A lag measure for ``watch_consumer_lag``: records between a wal3 cursor and the
     log's end (the whole log while the cursor does not exist yet)."""
-    from sinks.wal3 import LogReader
-    from sinks.wal3._cursors import CursorStore
-    from sinks.wal3._store import as_store
+    from sinks.wal3 import CursorStore, LogReader, as_store
 
     store = as_store(log_uri, endpoint_url=endpoint_url)
     reader = LogReader(store, prefix)

@@ -15,7 +15,7 @@ from sequencer import RowKey, Value
 
 if TYPE_CHECKING:
     from agent._postgres_sql import Steps, TableInfo
-    from sinks._snapshot_codec import Bound
+    from sinks.codec import Bound
 
 __all__ = ["chunk_steps", "first_table"]
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sequencer import check_name
+from sinks import PostgresError
 
 __all__ = [
     "PostgresError",
@@ -60,10 +61,6 @@ class TableSpec:
             if self.presence_column == self.key_column:
                 raise SchemaMismatch("the presence column cannot be the key column")
         object.__setattr__(self, "columns", columns)
-
-
-class PostgresError(Exception):
-    """Base of the errors the PostgreSQL store and replica raise; the message says what was kept."""
 
 
 class SchemaMismatch(PostgresError):

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from agent._baseline import CellChunk
     from agent._postgres_sql import Steps, TableInfo
-    from sinks._snapshot_codec import Bound
+    from sinks.codec import Bound
 
 __all__ = ["AsyncPostgresStore", "PostgresStore", "require_psycopg"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sequencer import ABSENT, Absent, RowKey, Value
-from sinks._snapshot_codec import Bound, row_order
+from sinks.codec import Bound, row_order
 
 if TYPE_CHECKING:
     from agent._baseline import CellChunk

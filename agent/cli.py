@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from sinks._redact import redact
+from sinks import redact
 
 __all__ = ["main"]
 

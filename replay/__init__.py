@@ -7,6 +7,7 @@ May import ``sequencer`` and ``sinks``; never ``agent``. Start with ``_assembler
 from replay._assembler import Assembler, Changeset, Snapshot
 from replay._errors import InconsistentLog
 from replay._position import Frontier, InvalidPosition, Position
+from replay._postgres_replica import POSITION_TABLE as REPLICA_POSITION_TABLE
 from replay._postgres_replica import PostgresReplica, ReplicaError
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "InvalidPosition",
     "Position",
     "PostgresReplica",
+    "REPLICA_POSITION_TABLE",
     "ReplicaError",
     "Snapshot",
 ]

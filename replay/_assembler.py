@@ -34,8 +34,7 @@ from replay._bulk import BrokenChain, NetChanges, cancel_out, net_changes
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
-from sinks import EventBatch, Setsum
-from sinks._setsum import SETSUM_PRIMES
+from sinks import SETSUM_PRIMES, EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
     SnapshotChunk,

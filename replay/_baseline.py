@@ -34,8 +34,7 @@ import structlog
 
 from replay._bulk import BrokenChain, cancel_out
 from replay._errors import InconsistentLog
-from sinks._snapshot_codec import SnapshotChunk, row_order
-from sinks.codec import decode_key
+from sinks.codec import SnapshotChunk, decode_key, row_order
 
 if TYPE_CHECKING:
     from replay._assembler import Assembler, Changeset, _Domain

@@ -22,8 +22,15 @@ from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
 from replay._position import Frontier, Position
 from sequencer import Value
-from sinks.kafka._driver import confluent_kafka, quiet_logger
-from sinks.kafka._errors import KafkaConfigError, KafkaSinkError, KafkaUnavailable
+from sinks.kafka import (
+    KafkaConfigError,
+    KafkaSinkError,
+    KafkaUnavailable,
+    confluent_kafka,
+    kafka_error_code,
+    kafka_errors,
+    quiet_logger,
+)
 
 __all__ = ["KafkaConsistentConsumer", "aconsume_consistent", "consume_consistent"]
 
@@ -91,7 +98,10 @@ class KafkaConsistentConsumer:
         self._failure: InconsistentLog | KafkaSinkError | None = None
         self.max_waiting_epochs = max_waiting_epochs
         self._paused: list[int] = []
-        self._consumer = ck.Consumer(settings)
+        with kafka_errors("consumer", f"creating the consumer of topic {topic!r} for group "
+                          f"{group_id!r}", KafkaConfigError, "fix the consumer config",
+                          also=(ValueError, TypeError)):
+            self._consumer = ck.Consumer(settings)
         try:
             self._start(position, encoding, initial_state, startup_timeout)
         except BaseException:
@@ -102,12 +112,11 @@ class KafkaConsistentConsumer:
     def _start(self, position: str | Position | Frontier | None, encoding: str,
                initial_state: Mapping[Cell, Value] | None, timeout: float) -> None:
         ck = self._ck
-        try:
+        with kafka_errors("consumer", f"reading the metadata of topic {self.topic!r}",
+                          KafkaUnavailable, f"no Kafka broker at {self.bootstrap} answered "
+                          f"within {timeout}s; check the bootstrap address and that the "
+                          "broker runs"):
             metadata = self._consumer.list_topics(self.topic, timeout=timeout)
-        except ck.KafkaException as exc:
-            raise KafkaUnavailable(
-                f"no Kafka broker at {self.bootstrap} answered within {timeout}s ({exc}); "
-                "check the bootstrap address and that the broker runs") from exc
         meta = metadata.topics.get(self.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error.str() if meta is not None and meta.error else "no metadata"
@@ -119,17 +128,19 @@ class KafkaConsistentConsumer:
         deadline = time.monotonic() + timeout
         while True:  # the group coordinator may still be loading: retry what is retriable
             try:
-                committed = self._consumer.committed(
-                    wanted, timeout=max(deadline - time.monotonic(), 0.5))
+                with kafka_errors("consumer", "reading the committed offsets of group "
+                                  f"{self.group_id!r}", KafkaUnavailable,
+                                  f"gave up within {timeout}s"):
+                    committed = self._consumer.committed(
+                        wanted, timeout=max(deadline - time.monotonic(), 0.5))
                 break
-            except ck.KafkaException as exc:
-                error = exc.args[0] if exc.args else None
+            except KafkaUnavailable as exc:
+                cause = exc.__cause__
+                error = cause.args[0] if cause is not None and cause.args else None
                 retriable = error is not None and hasattr(error, "retriable") and (
-                    error.retriable() or error.code() in _COORDINATOR_ERRORS)
+                    error.retriable() or kafka_error_code(cause) in _COORDINATOR_ERRORS)
                 if not retriable or time.monotonic() > deadline:
-                    raise KafkaUnavailable(
-                        f"could not read the committed offsets of group {self.group_id!r} "
-                        f"within {timeout}s: {exc}") from exc
+                    raise
                 time.sleep(0.1)
         if position is None:
             tokens = {tp.metadata for tp in committed if tp.offset >= 0 and tp.metadata}
@@ -151,7 +162,8 @@ class KafkaConsistentConsumer:
             else:
                 assignment.append(ck.TopicPartition(self.topic, tp.partition,
                                                     ck.OFFSET_BEGINNING))
-        self._consumer.assign(assignment)
+        with kafka_errors("consumer", f"assigning the partitions of {self.topic!r}"):
+            self._consumer.assign(assignment)
         log.info("kafka_consumer_started", topic=self.topic, group=self.group_id,
                  partitions=self.partitions, position=str(self.log.position))
 
@@ -172,7 +184,9 @@ class KafkaConsistentConsumer:
             raise self._failure  # the log broke there: nothing after it can be verified
         if self._fatal is not None:
             raise KafkaSinkError(f"the Kafka consumer hit a fatal error: {self._fatal}")
-        messages = self._consumer.consume(max_messages, timeout)
+        with kafka_errors("consumer", f"reading {self.topic!r}", KafkaUnavailable,
+                          "nothing was handed out; poll again"):
+            messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
         feed = self.log.feed
         failure: InconsistentLog | KafkaSinkError | None = None
@@ -223,13 +237,15 @@ class KafkaConsistentConsumer:
                 # be the one holding the cut back now); pause more past the bound.
                 target = ahead if waiting > self.max_waiting_epochs else paused & ahead
         if target - paused:
-            self._consumer.pause([ck.TopicPartition(self.topic, p)
-                                  for p in sorted(target - paused)])
+            with kafka_errors("consumer", f"pausing partitions of {self.topic!r}"):
+                self._consumer.pause([ck.TopicPartition(self.topic, p)
+                                      for p in sorted(target - paused)])
             log.debug("kafka_partitions_paused", partitions=sorted(target - paused),
                       waiting_epochs=waiting)
         if paused - target:
-            self._consumer.resume([ck.TopicPartition(self.topic, p)
-                                   for p in sorted(paused - target)])
+            with kafka_errors("consumer", f"resuming partitions of {self.topic!r}"):
+                self._consumer.resume([ck.TopicPartition(self.topic, p)
+                                       for p in sorted(paused - target)])
             log.debug("kafka_partitions_resumed", partitions=sorted(paused - target),
                       waiting_epochs=waiting)
         self._paused = sorted(target)
@@ -273,11 +289,12 @@ class KafkaConsistentConsumer:
         ck = self._ck
         # Step 2.
         try:
-            self._consumer.commit(offsets=[
-                ck.TopicPartition(self.topic, p, o, metadata=point.token)
-                for p, o in point.offsets.items()
-            ], asynchronous=True)
-        except ck.KafkaException as exc:
+            with kafka_errors("consumer", f"committing offsets of group {self.group_id!r}"):
+                self._consumer.commit(offsets=[
+                    ck.TopicPartition(self.topic, p, o, metadata=point.token)
+                    for p, o in point.offsets.items()
+                ], asynchronous=True)
+        except KafkaSinkError as exc:  # not fatal: the next commit covers this one
             log.warning("kafka_commit_failed", error=str(exc), group=self.group_id)
             return False
         return True
@@ -291,12 +308,10 @@ class KafkaConsistentConsumer:
         ck = self._ck
         out = {}
         for p in range(self.partitions):
-            try:
+            with kafka_errors("consumer", f"reading the end of {self.topic!r}",
+                              KafkaUnavailable):
                 _low, high = self._consumer.get_watermark_offsets(
                     ck.TopicPartition(self.topic, p), timeout=timeout, cached=False)
-            except ck.KafkaException as exc:
-                raise KafkaUnavailable(f"could not read the end of {self.topic!r}: {exc}"
-                                       ) from exc
             out[p] = high
         return out
 

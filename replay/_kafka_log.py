@@ -7,7 +7,7 @@ became consistent. For each partition and domain it:
 
 1. keeps the partition's events of epochs not yet closed, dropping repeated identities
    and copies of events already applied;
-2. on the partition's marker for epoch e (``sinks.kafka._markers``), checks that epoch e
+2. on the partition's marker for epoch e (layout in ``sinks.codec``), checks that epoch e
    follows the partition's previous epoch, and that the partition's events of e match
    the marker's count, per-table counts and setsum (the setsum of the partition's
    segments); a shortfall means an event was lost: ``InconsistentLog``;
@@ -33,21 +33,25 @@ from replay._assembler import Assembler, Changeset
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from sequencer import EpochRecord, id_lt
-from sinks._setsum import Setsum
-from sinks._snapshot_codec import SnapshotChunk
+from sinks import Setsum
 from sinks.codec import (
+    HEADER_PARTITION,
+    HEADER_SNAPSHOT,
+    HEADER_WHOLE,
     MAGIC,
     CodecError,
     EventBatch,
+    RawEvent,
+    SnapshotChunk,
     decode,
+    decode_debezium_event,
     encode_key,
     encode_value,
+    raw_events_batch,
     segment_digests,
 )
-from sinks.kafka import _debezium
-from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
-from sinks.kafka._native import EVENT_MAGIC, RawEvent, decode_event, raw_events_batch
-from sinks.kafka._snapshots import HEADER_SNAPSHOT
+from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
+from sinks.codec import decode_native_event as decode_event
 
 __all__ = ["CommitPoint", "KafkaLog"]
 
@@ -233,7 +237,7 @@ class KafkaLog:
             return self._snapshot(partition, offset, chunk)
         if self.encoding == "debezium" and value is not None:
             try:
-                change = _debezium.decode_event(value)
+                change = decode_debezium_event(value)
             except CodecError as exc:
                 raise InconsistentLog(f"partition {partition} offset {offset} holds a "
                                       f"message that is not a cdc-agent record: {exc}") from exc

@@ -29,6 +29,7 @@ import structlog
 from replay._assembler import Changeset
 from replay._position import Frontier, InvalidPosition
 from sequencer import ABSENT, Absent, RowKey, Value
+from sinks import PostgresError
 
 if TYPE_CHECKING:
     import psycopg
@@ -68,7 +69,7 @@ class TableLayout(Protocol):
     def presence_column(self) -> str | None: ...
 
 
-class ReplicaError(Exception):
+class ReplicaError(PostgresError):
     """The replica could not apply a changeset; the message says what the replica holds."""
 
 

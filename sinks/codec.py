@@ -58,6 +58,35 @@ order, serialised column by column as
 hashes each one as it ships and a reader rebuilds the same items from the events alone,
 whatever order or duplication they arrived in. Hashing per segment rather than per
 event keeps one SHA3 call for many events.
+
+Kafka messages (``sinks.kafka`` writes them, ``replay.kafka`` reads them; the code is the
+last two sections of this module). Kafka keys each message, so events travel one per
+message rather than as EVENTS messages. Two encodings:
+
+    native, version 1 (NATIVE_VERSION), all integers big-endian:
+      event key    := table utf-8 | 0x00 | column utf-8 | 0x00 | tagged row key
+      event value  := "CDK" | version u8 (= 1) | domain_id u64 | batch_id u64 | seq u32 |
+                      table_len u8 | column_len u8 | row_len u32 | old_len u32 |
+                      new_len u32 | table | column | row (tagged key) |
+                      old (tagged value) | new (tagged value)
+      The lengths add up to the value's length exactly (a cut message is refused).
+      Table and column names are identifiers (at most 63 ASCII characters, no NUL), so
+      the key is unambiguous. An event's partition is ``crc32(key) mod partitions``
+      (``partition_of``, librdkafka's ``consistent`` partitioner).
+    debezium: JSON envelopes and transaction records (described, with examples, in
+      docs/kafka.md and in the Debezium section below).
+
+    In both, each partition gets one epoch marker per epoch record, after that
+    partition's events, with two headers holding EPOCH messages:
+      HEADER_PARTITION "cdc-agent-epoch"        the partition's share (its counts and
+                                                setsum, ``stream`` = the partition)
+      HEADER_WHOLE     "cdc-agent-epoch-whole"  the record for the whole epoch
+    (native: the value is the partition's EPOCH message and the key empty; debezium:
+    the value is null and the key ``{"cdc_agent_epoch": "<domain>:<epoch_seq>"}``).
+    A baseline chunk is one message in partition SNAPSHOT_PARTITION (0): native, its
+    value is the SNAPSHOT message; debezium, the value is null, the SNAPSHOT message is
+    in header HEADER_SNAPSHOT "cdc-agent-snapshot" and the key is
+    ``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``.
 """
 
 from __future__ import annotations
@@ -564,9 +593,344 @@ def digests_setsum(digests: Sequence[bytes]) -> Setsum:
 
 # -- snapshot chunks (kind 0x03; the layout lives in sinks._snapshot_codec) -------------
 
-from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above
+# -- Kafka: the native encoding (layout "Kafka messages" in the opening comment) ------------
+import zlib  # noqa: E402 - this section's own imports, kept with it
+from typing import NamedTuple  # noqa: E402
+
+# -- snapshot chunks: the names the agent and the readers use ------------------------------
+from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above  # noqa: E402 - it needs this module's helpers above
     SNAPSHOT_SCHEMA,
+    Bound,
+    SnapshotCell,
     SnapshotChunk,
     chunk_digest,
+    decode_snapshot,
     encode_snapshot,
+    row_order,
 )
+
+HEADER_PARTITION: Final = "cdc-agent-epoch"
+HEADER_WHOLE: Final = "cdc-agent-epoch-whole"
+HEADER_SNAPSHOT: Final = "cdc-agent-snapshot"
+SNAPSHOT_PARTITION: Final = 0
+NATIVE_MAGIC: Final = b"CDK"
+NATIVE_VERSION: Final = 1
+_NATIVE_HEAD: Final = struct.Struct(">3sBQQIBBIII")
+_NATIVE_HEAD_DTYPE: Final = np.dtype([
+    ("magic", "S3"), ("version", "u1"), ("domain_id", ">u8"), ("batch_id", ">u8"),
+    ("seq", ">u4"), ("table_len", "u1"), ("column_len", "u1"), ("row_len", ">u4"),
+    ("old_len", ">u4"), ("new_len", ">u4"),
+])
+assert _NATIVE_HEAD_DTYPE.itemsize == _NATIVE_HEAD.size
+
+
+class RawEvent(NamedTuple):
+    """An event as it travels: ids, names, and the tagged bytes of row, old and new."""
+
+    domain_id: int
+    batch_id: int
+    seq: int
+    table: str
+    row: bytes
+    column: str
+    old: bytes
+    new: bytes
+
+    def to_event(self) -> ChangeEvent:
+        return ChangeEvent(self.domain_id, self.batch_id, self.seq, self.table,
+                           decode_key(self.row), self.column, decode_value(self.old),
+                           decode_value(self.new))
+
+
+def cell_key(table: str, row: bytes, column: str) -> bytes:
+    """The Kafka key of a cell (``row`` is the tagged row key)."""
+    return b"%s\x00%s\x00%s" % (table.encode(), column.encode(), row)
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of a key: ``crc32(key) mod partitions`` (stable across processes)."""
+    return zlib.crc32(key) % partitions
+
+
+def partitions_of(keys: Sequence[bytes], partitions: int) -> np.ndarray:
+    """``partition_of`` for many keys, as an int64 array."""
+    return np.array(list(map(zlib.crc32, keys)), dtype=np.int64) % partitions
+
+
+def _as_binary(column: pa.Array) -> pa.Array:
+    return column if column.type == pa.binary() else column.cast(pa.binary())
+
+
+def _byte_lengths(column: pa.Array) -> np.ndarray:
+    return np.asarray(pc.binary_length(column).to_numpy(zero_copy_only=False))
+
+
+def event_keys(data: pa.RecordBatch) -> list[bytes]:
+    """The Kafka key of every event of ``data`` (an ``EVENT_SCHEMA`` batch)."""
+    joined = pc.binary_join_element_wise(
+        _as_binary(data.column("table")), _as_binary(data.column("column")),
+        data.column("row"), b"\x00",
+    )
+    keys: list[bytes] = joined.to_pylist()
+    return keys
+
+
+def encode_native_events(data: pa.RecordBatch) -> list[bytes]:
+    """The native message value of every event of ``data``, computed column-wise."""
+    n = data.num_rows
+    table, column = _as_binary(data.column("table")), _as_binary(data.column("column"))
+    row, old, new = data.column("row"), data.column("old"), data.column("new")
+    head = np.zeros(n, dtype=_NATIVE_HEAD_DTYPE)
+    head["magic"] = NATIVE_MAGIC
+    head["version"] = NATIVE_VERSION
+    head["domain_id"] = data.column("domain_id").to_numpy()
+    head["batch_id"] = data.column("batch_id").to_numpy()
+    head["seq"] = data.column("seq").to_numpy()
+    head["table_len"] = _byte_lengths(table)
+    head["column_len"] = _byte_lengths(column)
+    head["row_len"] = _byte_lengths(row)
+    head["old_len"] = _byte_lengths(old)
+    head["new_len"] = _byte_lengths(new)
+    heads = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(_NATIVE_HEAD.size), n, [None, pa.py_buffer(head.tobytes())]
+    ).cast(pa.binary())
+    values: list[bytes] = pc.binary_join_element_wise(
+        heads, table, column, row, old, new, b""
+    ).to_pylist()
+    return values
+
+
+def decode_native_event(value: bytes) -> RawEvent:
+    """Parse one native event message, checking magic, version and lengths."""
+    try:
+        magic, version, domain, batch, seq, tl, cl, rl, ol, nl = _NATIVE_HEAD.unpack_from(
+            value, 0)
+    except struct.error as exc:
+        raise CodecError(f"native event message too short ({len(value)} bytes)") from exc
+    if magic != NATIVE_MAGIC:
+        raise CodecError(f"not a native event message (starts {bytes(value[:8])!r})")
+    if version != NATIVE_VERSION:
+        raise CodecError(f"native event format version {version}; this reader knows "
+                         f"version {NATIVE_VERSION}")
+    pos = _NATIVE_HEAD.size
+    end = pos + tl + cl + rl + ol
+    if end + nl != len(value):
+        raise CodecError(f"native event message truncated or padded ({len(value)} bytes, "
+                         f"its lengths say {end + nl})")
+    try:
+        table = value[pos : pos + tl].decode()
+        column = value[pos + tl : pos + tl + cl].decode()
+    except UnicodeDecodeError as exc:
+        raise CodecError(f"native event message has a bad name: {exc}") from exc
+    pos += tl + cl
+    row = value[pos : pos + rl]
+    old = value[pos + rl : end]
+    return RawEvent(domain, batch, seq, table, row, column, old, value[end:])
+
+
+def raw_events_batch(events: Sequence[RawEvent]) -> EventBatch:
+    """An ``EventBatch`` of raw events, without decoding their values."""
+    columns = list(zip(*events, strict=True)) if events else [()] * 8
+    return EventBatch(pa.RecordBatch.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, EVENT_SCHEMA,
+                                                               strict=True)],
+        schema=EVENT_SCHEMA,
+    ))
+
+
+# -- Kafka: the Debezium-compatible JSON encoding (docs/kafka.md has examples) --------------
+#
+# One message per change event on the data topic: key ``{"table", "row", "column"}``,
+# value the Debezium envelope without a ``schema`` wrapper. ``before``/``after`` are
+# ``null`` when the cell does not exist, else ``{"$row": <row key>, "<column>": <value>}``;
+# ``op`` is ``c``, ``u`` or ``d``; ``ts_ms`` is the write batch's time (its id is 32.32
+# fixed-point seconds); ``source`` names connector, domain, write batch, seq, table, row
+# and column; ``transaction`` is the write batch. On the transaction topic, each write
+# batch gets a ``BEGIN`` and an ``END`` record once its epoch closes. Values keep every
+# bit: JSON numbers carry ints within +-(2**53 - 1) and finite floats; anything else is
+# ``{"$int64": "<decimal>"}``, ``{"$float64": "<16 hex digits of the bits>"}`` or
+# ``{"$bytes": "<base64>"}``.
+
+import base64  # noqa: E402 - this section's own imports, kept with it
+import json  # noqa: E402
+import math  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from typing import Any  # noqa: E402
+
+DEBEZIUM_CONNECTOR: Final = "cdc-agent"
+DEBEZIUM_VERSION: Final = "0.1.0"
+DEBEZIUM_ROW_FIELD: Final = "$row"
+_MAX_SAFE: Final = (1 << 53) - 1
+_DEBEZIUM_F64: Final = struct.Struct(">d")
+_json_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def encode_debezium_value(value: Value) -> Any:
+    """The JSON-ready form of a cell value (see this section's comment)."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return value
+    if kind is int:
+        return value if -_MAX_SAFE <= value <= _MAX_SAFE else {"$int64": str(value)}  # type: ignore[operator]
+    if kind is float:
+        if math.isfinite(value):  # type: ignore[arg-type]
+            return value
+        return {"$float64": _DEBEZIUM_F64.pack(value).hex()}
+    if kind is bytes:
+        return {"$bytes": base64.b64encode(value).decode("ascii")}  # type: ignore[arg-type]
+    raise CodecError(f"cannot encode a value of type {kind.__name__}")
+
+
+def decode_debezium_value(obj: Any) -> Value:
+    """Inverse of ``encode_debezium_value``."""
+    kind = type(obj)
+    if kind in (str, bool, float) or obj is None:
+        return obj  # type: ignore[no-any-return]
+    if kind is int:
+        return int(obj)
+    if kind is dict and len(obj) == 1:
+        ((tag, text),) = obj.items()
+        try:
+            if tag == "$int64":
+                return int(text)
+            if tag == "$float64" and len(text) == 16:
+                return float(_DEBEZIUM_F64.unpack(bytes.fromhex(text))[0])
+            if tag == "$bytes":
+                return base64.b64decode(text, validate=True)
+        except (ValueError, TypeError) as exc:
+            raise CodecError(f"invalid {tag} value {text!r:.40}") from exc
+    raise CodecError(f"not a cdc-agent JSON value: {obj!r:.80}")
+
+
+def encode_debezium_key(row: RowKey) -> Any:
+    if type(row) not in (str, int):
+        raise CodecError(f"cannot encode a row key of type {type(row).__name__}")
+    return encode_debezium_value(row)
+
+
+def decode_debezium_key(obj: Any) -> RowKey:
+    row = decode_debezium_value(obj)
+    if type(row) not in (str, int):
+        raise CodecError(f"invalid row key {obj!r:.80}")
+    return row  # type: ignore[return-value]
+
+
+def debezium_ts_ms(batch_id: int) -> int:
+    """Milliseconds since the Unix epoch of a write batch id (32.32 fixed-point seconds)."""
+    return (batch_id * 1000) >> 32
+
+
+def debezium_transaction_id(domain_id: int, batch_id: int) -> str:
+    return f"{domain_id}:{batch_id}"
+
+
+def _debezium_image(row: Any, column: str, value: Value | Absent) -> dict[str, Any] | None:
+    if value is ABSENT:
+        return None
+    return {DEBEZIUM_ROW_FIELD: row, column: encode_debezium_value(value)}  # type: ignore[arg-type]
+
+
+def encode_debezium_event(event: ChangeEvent, *, name: str, data_collection_order: int
+                 ) -> tuple[bytes, bytes]:
+    """``(key, value)`` of one change event, as UTF-8 JSON."""
+    row = encode_debezium_key(event.row)
+    op = "c" if event.old is ABSENT else "d" if event.new is ABSENT else "u"
+    ms = debezium_ts_ms(event.batch_id)
+    envelope = {
+        "before": _debezium_image(row, event.column, event.old),
+        "after": _debezium_image(row, event.column, event.new),
+        "op": op,
+        "ts_ms": ms,
+        "source": {
+            "version": DEBEZIUM_VERSION,
+            "connector": DEBEZIUM_CONNECTOR,
+            "name": name,
+            "ts_ms": ms,
+            "snapshot": "false",
+            "db": str(event.domain_id),
+            "table": event.table,
+            "domain": str(event.domain_id),
+            "batch_id": str(event.batch_id),
+            "seq": event.seq,
+            "row": row,
+            "column": event.column,
+        },
+        "transaction": {
+            "id": debezium_transaction_id(event.domain_id, event.batch_id),
+            "total_order": event.seq + 1,
+            "data_collection_order": data_collection_order,
+        },
+    }
+    key = {"table": event.table, "row": row, "column": event.column}
+    return _json_dumps(key).encode(), _json_dumps(envelope).encode()
+
+
+def decode_debezium_event(value: bytes | str) -> ChangeEvent:
+    """The change event of one envelope written by ``encode_debezium_event``."""
+    try:
+        envelope = json.loads(value)
+        source = envelope["source"]
+        column = source["column"]
+        before, after = envelope["before"], envelope["after"]
+        return ChangeEvent(
+            domain_id=int(source["domain"]),
+            batch_id=int(source["batch_id"]),
+            seq=int(source["seq"]),
+            table=source["table"],
+            row=decode_debezium_key(source["row"]),
+            column=column,
+            old=ABSENT if before is None else decode_debezium_value(before[column]),
+            new=ABSENT if after is None else decode_debezium_value(after[column]),
+        )
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # deep nesting
+        raise CodecError(f"not a cdc-agent Debezium envelope: {exc}") from exc
+
+
+def debezium_transaction_records(domain_id: int, batch_id: int, event_count: int,
+                        tables: Mapping[str, int]) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of the BEGIN and END transaction records of one write batch."""
+    txid = debezium_transaction_id(domain_id, batch_id)
+    ms = debezium_ts_ms(batch_id)
+    key = _json_dumps({"id": txid}).encode()
+    begin = {"status": "BEGIN", "id": txid, "ts_ms": ms, "event_count": None,
+             "data_collections": None}
+    end = {
+        "status": "END", "id": txid, "ts_ms": ms, "event_count": event_count,
+        "data_collections": [{"data_collection": table, "event_count": count}
+                             for table, count in sorted(tables.items())],
+    }
+    return [(key, _json_dumps(begin).encode()), (key, _json_dumps(end).encode())]
+
+
+# The public names of the last three sections.
+__all__ += [
+    "DEBEZIUM_CONNECTOR",
+    "DEBEZIUM_ROW_FIELD",
+    "HEADER_PARTITION",
+    "HEADER_SNAPSHOT",
+    "HEADER_WHOLE",
+    "NATIVE_MAGIC",
+    "NATIVE_VERSION",
+    "SNAPSHOT_PARTITION",
+    "Bound",
+    "RawEvent",
+    "SnapshotCell",
+    "cell_key",
+    "debezium_transaction_id",
+    "debezium_transaction_records",
+    "debezium_ts_ms",
+    "decode_debezium_event",
+    "decode_debezium_key",
+    "decode_debezium_value",
+    "decode_native_event",
+    "decode_snapshot",
+    "encode_debezium_event",
+    "encode_debezium_key",
+    "encode_debezium_value",
+    "encode_native_events",
+    "event_keys",
+    "partition_of",
+    "partitions_of",
+    "raw_events_batch",
+    "row_order",
+]

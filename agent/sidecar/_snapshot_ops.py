@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 from agent._baseline import CellChunk, PendingSnapshot, SnapshotProgress, _await_quiescent
 from agent.sidecar import _protocol as p
 from sequencer import ABSENT
-from sinks._snapshot_codec import Bound
+from sinks.codec import Bound
 
 if TYPE_CHECKING:
     from agent._agent import _Capture

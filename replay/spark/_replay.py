@@ -47,7 +47,7 @@ from replay.spark._epochs import EpochTable, build_epoch_table, decode_metadata
 from replay.spark._errors import executor_errors
 from replay.spark._frames import CELL, absent, as_unsigned, spark_schema, table_frame
 from replay.spark._source import LogSource, list_fragments
-from sinks._setsum import SETSUM_PRIMES
+from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
 
 __all__ = ["ChangeStyle", "LogReplay", "Progress"]

@@ -13,10 +13,15 @@ from typing import NamedTuple
 import structlog
 
 from sequencer import EpochRecord
-from sinks.codec import EventBatch
-from sinks.kafka import _debezium
+from sinks.codec import (
+    EventBatch,
+    debezium_transaction_records,
+    encode_debezium_event,
+    encode_native_events,
+    event_keys,
+    partitions_of,
+)
 from sinks.kafka._markers import Marker, marker_messages
-from sinks.kafka._native import encode_event_messages, event_keys, partitions_of
 from sinks.kafka._tally import PartitionTally
 
 __all__ = ["EpochMessages", "EventMessages", "MessageBuilder"]
@@ -61,7 +66,7 @@ class MessageBuilder:
         keys = event_keys(data)
         parts = partitions_of(keys, self.partitions)
         if self.encoding == "native":
-            values = encode_event_messages(data)
+            values = encode_native_events(data)
         else:
             values = self._debezium_values(batch, keys)
         self._tally.add(data, parts)
@@ -75,7 +80,7 @@ class MessageBuilder:
             if counter is None:
                 counter = orders[(event.domain_id, event.batch_id)] = Counter()
             counter[event.table] += 1
-            keys[i], value = _debezium.encode_event(
+            keys[i], value = encode_debezium_event(
                 event, name=self.name, data_collection_order=counter[event.table])
             values.append(value)
         return values
@@ -92,7 +97,7 @@ class MessageBuilder:
         if self.encoding == "debezium":
             for total in batches:
                 self._dc_order.pop((total.domain_id, total.batch_id), None)
-                transactions += _debezium.transaction_records(
+                transactions += debezium_transaction_records(
                     total.domain_id, total.batch_id, total.event_count, total.tables)
         return EpochMessages(marker_messages(record, per_partition, self.encoding),
                              transactions)

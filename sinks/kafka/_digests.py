@@ -16,11 +16,10 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
-from sinks.codec import SEGMENT_BITS
+from sinks.codec import _SEGMENT_MAGIC, SEGMENT_BITS
 
 __all__ = ["partition_segment_digests"]
 
-_MAGIC: Final = b"CDCSEG1\x00"
 _HEAD: Final = struct.Struct(">QQI")
 _VAR_COLUMNS: Final = ("table", "row", "column", "old", "new")
 
@@ -70,7 +69,7 @@ def partition_segment_digests(data: pa.RecordBatch, parts: np.ndarray
     for k, (i, j) in enumerate(zip(starts, ends, strict=True)):
         a, b = 4 * i, 4 * j
         item = join((
-            _MAGIC, pack(dom_list[k], bat_list[k], j - i), seq_be[a:b],
+            _SEGMENT_MAGIC, pack(dom_list[k], bat_list[k], j - i), seq_be[a:b],
             l0[a:b], v0[s0[k]:e0[k]], l1[a:b], v1[s1[k]:e1[k]], l2[a:b], v2[s2[k]:e2[k]],
             l3[a:b], v3[s3[k]:e3[k]], l4[a:b], v4[s4[k]:e4[k]],
         ))

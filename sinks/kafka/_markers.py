@@ -2,7 +2,8 @@
 
 Each partition gets one message per epoch record, after every event of that epoch sent
 to it (the idempotent producer keeps a partition's messages in order). The message has
-two headers, both the codec's EPOCH messages (``sinks.codec.encode_epoch``):
+two headers, both the codec's EPOCH messages (``sinks.codec.encode_epoch``; the layout,
+header names included, is in ``sinks.codec``'s opening comment):
 
     cdc-agent-epoch        this partition's copy: its event count, per-table counts and
                            setsum, ``stream`` = the partition number
@@ -16,15 +17,12 @@ consumers skip) and the key is ``{"cdc_agent_epoch": "<domain>:<epoch_seq>"}``.
 from __future__ import annotations
 
 import json
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from sequencer import EpochRecord
-from sinks.codec import encode_epoch
+from sinks.codec import HEADER_PARTITION, HEADER_WHOLE, encode_epoch
 
-__all__ = ["HEADER_PARTITION", "HEADER_WHOLE", "Marker", "marker_messages"]
-
-HEADER_PARTITION: Final = "cdc-agent-epoch"
-HEADER_WHOLE: Final = "cdc-agent-epoch-whole"
+__all__ = ["Marker", "marker_messages"]
 
 
 class Marker(NamedTuple):

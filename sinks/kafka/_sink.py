@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import time
@@ -12,10 +13,9 @@ import structlog
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed
-from sinks._snapshot_codec import SnapshotChunk
-from sinks.codec import EventBatch
+from sinks.codec import EventBatch, SnapshotChunk
 from sinks.kafka._builder import MessageBuilder
-from sinks.kafka._driver import confluent_kafka, quiet_logger
+from sinks.kafka._driver import confluent_kafka, kafka_errors, quiet_logger
 from sinks.kafka._errors import (
     KafkaConfigError,
     KafkaDeliveryError,
@@ -36,8 +36,8 @@ class KafkaSink:
 
     - Events: one message per event, in the partition of its cell
       (``crc32(key) mod partitions``), so one cell's events stay in order in one
-      partition. ``encoding`` is ``"native"`` (compact binary, ``sinks.kafka._native``)
-      or ``"debezium"`` (JSON envelopes, ``sinks.kafka._debezium``).
+      partition. ``encoding`` is ``"native"`` (compact binary)
+      or ``"debezium"`` (JSON envelopes); both are laid out in ``sinks.codec``.
     - Epoch records: one marker per partition, after that partition's events, with the
       partition's count, per-table counts and setsum (``sinks.kafka._markers``). In the
       Debezium encoding, ``BEGIN``/``END`` transaction records per write batch also go
@@ -87,7 +87,6 @@ class KafkaSink:
         self._failures: list[tuple[str, int, str]] = []
         self._fatal: str | None = None
         self._closed = False
-        self._kafka_exception: type[Exception] = ck.KafkaException
         settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
@@ -101,10 +100,10 @@ class KafkaSink:
             "logger": quiet_logger(),
         }
         settings.update(config or {})
-        try:
+        with kafka_errors("producer", "creating the producer (librdkafka refused the "
+                          "settings)", KafkaConfigError, "nothing was written; fix the config",
+                          also=(ValueError, TypeError)):
             self._producer = ck.Producer(settings)
-        except ck.KafkaException as exc:
-            raise KafkaConfigError(f"librdkafka refused the producer settings: {exc}") from exc
         self.partitions = self._check_topic(self.topic, partitions, replication_factor,
                                             startup_timeout)
         if encoding == "debezium":
@@ -115,13 +114,11 @@ class KafkaSink:
     # -- start-up --------------------------------------------------------------------
 
     def _metadata(self, topic: str, timeout: float) -> Any:
-        try:
+        with kafka_errors("producer", f"reading the metadata of topic {topic!r}",
+                          KafkaUnavailable, f"no Kafka broker at {self._bootstrap} answered "
+                          f"within {timeout}s; nothing was written; check the bootstrap "
+                          "address and that the broker runs"):
             return self._producer.list_topics(topic, timeout=timeout)
-        except self._kafka_exception as exc:
-            raise KafkaUnavailable(
-                f"no Kafka broker at {self._bootstrap} answered within {timeout}s ({exc}); "
-                "nothing was written; check the bootstrap address and that the broker runs"
-            ) from exc
 
     def _check_topic(self, topic: str, partitions: int | None, replication_factor: int,
                      timeout: float) -> int:
@@ -152,17 +149,18 @@ class KafkaSink:
     def _create_topic(self, topic: str, partitions: int, replication_factor: int,
                       deadline: float) -> None:
         ck = confluent_kafka()
-        admin_module = importlib.import_module("confluent_kafka.admin")
-        admin = admin_module.AdminClient({"bootstrap.servers": self._bootstrap,
-                                          "logger": quiet_logger()})
+        what = f"creating topic {topic!r}"
         timeout = max(deadline - time.monotonic(), 1.0)
-        future = admin.create_topics([admin_module.NewTopic(topic, partitions, replication_factor)],
-                                     request_timeout=timeout)[topic]
-        try:
+        with kafka_errors("admin", what, KafkaConfigError, "nothing was written"):
+            admin_module = importlib.import_module("confluent_kafka.admin")
+            admin = admin_module.AdminClient({"bootstrap.servers": self._bootstrap,
+                                              "logger": quiet_logger()})
+            future = admin.create_topics(
+                [admin_module.NewTopic(topic, partitions, replication_factor)],
+                request_timeout=timeout)[topic]
+        with kafka_errors("admin", what, KafkaConfigError, "nothing was written",
+                          ignore={ck.KafkaError.TOPIC_ALREADY_EXISTS}):
             future.result(timeout)
-        except ck.KafkaException as exc:
-            if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
-                raise KafkaConfigError(f"could not create Kafka topic {topic!r}: {exc}") from exc
         while time.monotonic() < deadline:
             meta = self._metadata(topic, max(deadline - time.monotonic(), 0.1)).topics.get(topic)
             if meta is not None and meta.error is None and len(meta.partitions) == partitions \
@@ -221,14 +219,12 @@ class KafkaSink:
         # Step 4.
         produce = self._producer.produce
         topic = self.topic
-        try:
+        with self._handing_over():
             for key, value, part in zip(keys, values, parts, strict=True):
                 try:
                     produce(topic, value, key, part)
                 except BufferError:
                     self._wait_for_room(functools.partial(produce, topic, value, key, part))
-        except self._kafka_exception as exc:
-            self._refused(exc)
         self._producer.poll(0)
 
     def write_epoch(self, record: EpochRecord) -> None:
@@ -267,21 +263,21 @@ class KafkaSink:
         def send() -> None:
             self._producer.produce(topic, value, key, partition, headers=headers)
 
-        try:
-            send()
-        except BufferError:
-            self._wait_for_room(send)
-        except self._kafka_exception as exc:
-            self._refused(exc)
+        with self._handing_over():
+            try:
+                send()
+            except BufferError:
+                self._wait_for_room(send)
 
-    def _refused(self, exc: Exception) -> None:
-        """The producer refused a message outright (too large, ...): the sink is broken."""
-        self._failures.append((self.topic, -1, str(exc)))
-        raise KafkaDeliveryError(
-            f"the Kafka producer refused a message for topic {self.topic!r} ({exc}); the "
-            "messages before it were handed over, the ones after it were not, so the log "
-            "has a gap a consumer reports as InconsistentLog; the sink accepts nothing more"
-        ) from exc
+    def _handing_over(self) -> contextlib.AbstractContextManager[None]:
+        """The boundary of ``produce``: a message the producer refuses outright (too
+        large, ...) breaks the sink, which then accepts nothing more."""
+        return kafka_errors(
+            "producer", f"handing a message for topic {self.topic!r} to the producer",
+            KafkaDeliveryError, "the messages before it were handed over, the ones after "
+            "it were not, so the log has a gap a consumer reports as InconsistentLog; the "
+            "sink accepts nothing more",
+            on_error=lambda exc: self._failures.append((self.topic, -1, str(exc))))
 
     def _wait_for_room(self, send: Callable[[], None]) -> None:
         """Serve delivery reports until the local queue takes the message, or time out."""
@@ -310,10 +306,10 @@ class KafkaSink:
         if self._closed:
             return
         # Step 1.
-        try:
+        with kafka_errors("producer", f"flushing the producer of topic {self.topic!r}",
+                          KafkaSinkError, "unacknowledged messages stay queued; call flush() "
+                          "again"):
             remaining = self._producer.flush(self.flush_timeout)
-        except self._kafka_exception as exc:  # pragma: no cover - flush does not raise today
-            raise KafkaSinkError(f"flushing the Kafka producer failed: {exc}") from exc
         # Step 2.
         self._check_healthy()
         if remaining:

@@ -21,15 +21,11 @@ small enough (a refused message raises ``KafkaDeliveryError``).
 from __future__ import annotations
 
 import json
-from typing import Final
 
-from sinks._snapshot_codec import SnapshotChunk, encode_snapshot
+from sinks.codec import HEADER_SNAPSHOT, SNAPSHOT_PARTITION, SnapshotChunk, encode_snapshot
 from sinks.kafka._markers import Marker
 
-__all__ = ["HEADER_SNAPSHOT", "SNAPSHOT_PARTITION", "snapshot_message"]
-
-HEADER_SNAPSHOT: Final = "cdc-agent-snapshot"
-SNAPSHOT_PARTITION: Final = 0
+__all__ = ["snapshot_message"]
 
 
 def snapshot_message(chunk: SnapshotChunk, encoding: str) -> Marker:

@@ -79,8 +79,8 @@ class LocalStore:
             if create:
                 self._root.mkdir(parents=True, exist_ok=True)
             if not self._root.is_dir():
-                raise ObjectStoreError(f"{self.describe()} is not a directory; create it or "
-                                       "pass create=True")
+                what = "is not a directory" if self._root.exists() else "does not exist"
+                raise ObjectStoreError(f"{self.describe()} {what}")
             (self._root / _LOCK_DIR).mkdir(exist_ok=True)
 
     @property

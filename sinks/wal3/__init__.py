@@ -43,6 +43,7 @@ from sinks.wal3._paths import fragment_path, parse_fragment_path, snapshot_path
 from sinks.wal3._reader import Limits, LogReader, Record, ScrubReport
 from sinks.wal3._seal import continue_log, seal_log
 from sinks.wal3._sink import Wal3Sink, open_log_sink, read_log
+from sinks.wal3._store import as_store
 from sinks.wal3._writer import LogWriter, WriterOptions
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "Wal3Sink",
     "Witness",
     "WriterOptions",
+    "as_store",
     "compute_garbage",
     "continue_log",
     "decode_fragment",

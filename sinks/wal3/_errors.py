@@ -78,7 +78,16 @@ class LogClosed(Wal3Error):
 
 
 class LogUnavailable(Wal3Error):
-    """The object store kept failing (after retries). The message says what was kept."""
+    """The object store kept failing (after retries). The message says what was kept.
+
+    ``may_have_applied`` is true when a write may have taken effect although every
+    attempt reported an error (an object-store attempt said so): re-read before
+    concluding it did not happen.
+    """
+
+    def __init__(self, message: str, *, may_have_applied: bool = False) -> None:
+        super().__init__(message)
+        self.may_have_applied = may_have_applied
 
 
 class GarbageCollected(Wal3Error):

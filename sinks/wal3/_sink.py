@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NoReturn
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed, SinkError
@@ -83,7 +83,7 @@ class Wal3Sink:
         while self._outstanding and self._outstanding[0].done():
             exc = self._outstanding.popleft().exception()
             if exc is not None:
-                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+                self._raise_failure(exc)
 
     def flush(self) -> None:
         """Return once every record written so far is durable, or raise its error."""
@@ -93,7 +93,14 @@ class Wal3Sink:
         while self._outstanding:
             exc = self._outstanding.popleft().exception()
             if exc is not None:
-                raise exc if isinstance(exc, SinkError) else SinkError(str(exc))
+                self._raise_failure(exc)
+
+    def _raise_failure(self, exc: BaseException) -> NoReturn:
+        """Raise an append's failure as a ``SinkError``, chained to what the writer saw."""
+        if isinstance(exc, SinkError):
+            raise exc
+        raise SinkError(f"appending to the wal3 log {self.uri} failed "
+                        f"({type(exc).__name__}: {exc}); that record was not acknowledged") from exc
 
     def close(self) -> None:
         """Flush, then close the writer; a second call does nothing."""

@@ -37,7 +37,7 @@ def as_store(store_or_uri: ObjectStore | str, *, endpoint_url: str | None = None
         try:
             store: ObjectStore = open_store(store_or_uri, endpoint_url=endpoint_url, **options)
         except ObjectStoreError as exc:
-            raise LogUnavailable(f"cannot open the store {store_or_uri}: {exc}") from exc
+            raise LogUnavailable(str(exc)) from exc
         return store
     return store_or_uri
 
@@ -60,24 +60,33 @@ class LogStore:
         return f"{base.rstrip('/')}/{self.prefix}" if self.prefix else base
 
     def _retry(self, what: str, path: str, op: Callable[[], T]) -> T:
+        """Call ``op``, retrying ``StoreUnavailable``; the error that ends the retries
+        keeps ``may_have_applied`` if any attempt may have applied (the store's own
+        retry layer reports it the same way)."""
         attempt = 0
+        maybe_applied = False
         while True:
             try:
                 return op()
             except (NotFound, PreconditionFailed):
                 raise
             except StoreUnavailable as exc:
+                maybe_applied = maybe_applied or exc.may_have_applied
                 if attempt >= self.retries:
                     raise LogUnavailable(
                         f"{what} {self.key(path)} on {self.store.describe()} failed "
                         f"{attempt + 1} times: {exc}"
+                        + ("; an attempt may have applied: re-read it" if maybe_applied
+                           else ""),
+                        may_have_applied=maybe_applied,
                     ) from exc
                 delay = _BACKOFF[min(attempt, len(_BACKOFF) - 1)]
                 self._sleep(delay * (0.5 + random.random()))
                 attempt += 1
             except ObjectStoreError as exc:
                 raise LogUnavailable(
-                    f"{what} {self.key(path)} on {self.store.describe()} failed: {exc}"
+                    f"{what} {self.key(path)} on {self.store.describe()} failed: {exc}",
+                    may_have_applied=maybe_applied,
                 ) from exc
 
     def get(self, path: str) -> tuple[bytes, str]:

@@ -8,6 +8,8 @@ child process, so a crash fails this test instead of killing the test run.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -22,16 +24,20 @@ from sinks.codec import (
     EventBatch,
     SnapshotChunk,
     decode,
+    decode_debezium_event,
     decode_key,
+    decode_native_event,
     decode_value,
+    encode_debezium_event,
     encode_epoch,
     encode_events,
     encode_key,
+    encode_native_events,
     encode_snapshot,
     encode_value,
     segment_digests,
 )
-from tests.fuzz._mutate import FUZZ, damaged
+from tests.fuzz._mutate import FUZZ, damaged, damaged_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,3 +166,32 @@ def test_a_crash_in_a_child_process_fails_this_test() -> None:
                           timeout=110)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.strip() == "survived"
+
+
+NATIVE = encode_native_events(EventBatch.from_events(EVENTS).data)
+DEBEZIUM = [encode_debezium_event(e, name="app", data_collection_order=1)[1]
+            for e in EVENTS if e.new is not ABSENT or e.old is not ABSENT]
+
+
+@FUZZ
+@given(damaged(NATIVE) | st.binary(max_size=80).map(lambda b: b"CDK\x01" + b))
+def test_damaged_native_kafka_events_decode_or_raise_codec_error(message: bytes) -> None:
+    """Kafka native event messages: CodecError only; what decodes becomes an event."""
+    try:
+        raw = decode_native_event(message)
+    except CodecError:
+        return
+    try:
+        event = raw.to_event()
+    except CodecError:
+        return  # the frame holds, a tagged value inside it does not
+    assert encode_value(event.new) == raw.new
+
+
+@FUZZ
+@given(damaged(DEBEZIUM) | st.sampled_from(DEBEZIUM).flatmap(
+    lambda raw: damaged_json(json.loads(raw))))
+def test_damaged_debezium_envelopes_decode_or_raise_codec_error(message: bytes) -> None:
+    """Debezium JSON envelopes (hostile JSON included): CodecError only."""
+    with contextlib.suppress(CodecError):
+        decode_debezium_event(message)

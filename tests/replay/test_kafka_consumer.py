@@ -12,7 +12,7 @@ import pytest
 from replay import Frontier, InconsistentLog, Position
 from replay._kafka_consumer import KafkaConsistentConsumer, furthest
 from replay.kafka import KafkaLog
-from sinks.kafka._native import decode_event
+from sinks.codec import decode_native_event as decode_event
 from tests.sinks.kafka._simulate import Run, captured_run, simulate_topic
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from replay import Assembler, InconsistentLog
 from replay.kafka import KafkaLog
-from sinks.kafka._native import decode_event
+from sinks.codec import decode_native_event as decode_event
 from tests.helpers import bits
 from tests.sinks.kafka._simulate import Feeder, Run, apply, captured_run, simulate_topic
 

@@ -11,16 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sequencer import ABSENT, ChangeEvent
-from sinks.codec import CodecError, EventBatch, encode_key, encode_value
-from sinks.kafka import _debezium
-from sinks.kafka._native import (
+from sinks import codec as _codec
+from sinks.codec import (
+    CodecError,
+    EventBatch,
     cell_key,
-    decode_event,
-    encode_event_messages,
+    encode_key,
+    encode_value,
     event_keys,
     partition_of,
     partitions_of,
 )
+from sinks.codec import decode_native_event as decode_event
+from sinks.codec import encode_native_events as encode_event_messages
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,62}", fullmatch=True)
 int64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -93,8 +96,8 @@ def test_native_decode_refuses_truncation() -> None:
 @given(values)
 def test_json_values_round_trip_bit_for_bit(value: object) -> None:
     """Through json text and back: the same value, every bit (NaN payloads, -0.0, int64)."""
-    text_ = json.dumps(_debezium.encode_value(value), allow_nan=False)  # type: ignore[arg-type]
-    assert same(_debezium.decode_value(json.loads(text_)), value)
+    text_ = json.dumps(_codec.encode_debezium_value(value), allow_nan=False)  # type: ignore[arg-type]
+    assert same(_codec.decode_debezium_value(json.loads(text_)), value)
 
 
 @pytest.mark.parametrize(("value", "json_text"), [
@@ -104,7 +107,7 @@ def test_json_values_round_trip_bit_for_bit(value: object) -> None:
 ])
 def test_json_value_mapping_is_the_documented_one(value: object, json_text: str) -> None:
     """The examples of docs/kafka.md."""
-    encoded = json.dumps(_debezium.encode_value(value), separators=(",", ":"),  # type: ignore[arg-type]
+    encoded = json.dumps(_codec.encode_debezium_value(value), separators=(",", ":"),  # type: ignore[arg-type]
                          ensure_ascii=False)
     assert encoded == json_text
 
@@ -113,8 +116,8 @@ def test_json_value_mapping_is_the_documented_one(value: object, json_text: str)
 @given(events)
 def test_debezium_envelopes_round_trip(event: ChangeEvent) -> None:
     """decode_event(encode_event(e)) == e bit for bit, with Debezium's fields and types."""
-    key, value = _debezium.encode_event(event, name="app", data_collection_order=1)
-    back = _debezium.decode_event(value)
+    key, value = _codec.encode_debezium_event(event, name="app", data_collection_order=1)
+    back = _codec.decode_debezium_event(value)
     assert back.identity == event.identity and back.cell == event.cell
     assert same(back.old, event.old) and same(back.new, event.new)
     envelope = json.loads(value)
@@ -131,13 +134,13 @@ def test_debezium_envelopes_round_trip(event: ChangeEvent) -> None:
     assert envelope["source"]["connector"] == "cdc-agent"
     assert envelope["source"]["name"] == "app"
     assert isinstance(envelope["ts_ms"], int)
-    assert json.loads(key) == {"table": event.table, "row": _debezium.encode_key(event.row),
+    assert json.loads(key) == {"table": event.table, "row": _codec.encode_debezium_key(event.row),
                                "column": event.column}
 
 
 def test_transaction_records_shape() -> None:
     """BEGIN then END with the same id; END counts events per data collection."""
-    (k1, begin), (k2, end) = _debezium.transaction_records(5, 1 << 40, 3, {"b": 1, "a": 2})
+    (k1, begin), (k2, end) = _codec.debezium_transaction_records(5, 1 << 40, 3, {"b": 1, "a": 2})
     assert k1 == k2 and json.loads(k1) == {"id": f"5:{1 << 40}"}
     assert json.loads(begin)["status"] == "BEGIN"
     assert json.loads(end) == {

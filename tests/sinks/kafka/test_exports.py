@@ -13,7 +13,8 @@ def test_exports_are_pinned() -> None:
     """The names docs/kafka.md promises, sorted in __all__."""
     assert sinks.kafka.__all__ == [
         "ENCODINGS", "KafkaConfigError", "KafkaDeliveryError", "KafkaQueueFull",
-        "KafkaSink", "KafkaSinkError", "KafkaUnavailable",
+        "KafkaSink", "KafkaSinkError", "KafkaUnavailable", "confluent_kafka",
+        "kafka_error_code", "kafka_errors", "quiet_logger",
     ]
     assert replay.kafka.__all__ == [
         "KafkaConsistentConsumer", "KafkaLog", "aconsume_consistent", "consume_consistent",

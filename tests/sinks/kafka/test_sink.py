@@ -22,15 +22,14 @@ from replay import Changeset, InconsistentLog
 from replay.kafka import KafkaConsistentConsumer, aconsume_consistent, consume_consistent
 from sequencer import ChangeEvent, EpochRecord
 from sinks import EventBatch, Sink
-from sinks.codec import decode
+from sinks.codec import HEADER_PARTITION, HEADER_WHOLE, decode
+from sinks.codec import decode_native_event as decode_event
 from sinks.kafka import (
     KafkaConfigError,
     KafkaDeliveryError,
     KafkaSink,
     KafkaUnavailable,
 )
-from sinks.kafka._markers import HEADER_PARTITION, HEADER_WHOLE
-from sinks.kafka._native import decode_event
 from sinks.testing import check_sink
 from tests.helpers import bits
 from tests.services._proc import free_port

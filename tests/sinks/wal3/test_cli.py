@@ -76,7 +76,10 @@ def test_gc_then_inspect(log_uri: str, capsys: pytest.CaptureFixture[str]) -> No
 def test_missing_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A URI with no log behind it: exit status 2 and a message saying so."""
     assert main(["log", "inspect", f"file://{tmp_path / 'nothing'}"]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "nothing does not exist" in capsys.readouterr().err
+    (tmp_path / "afile").write_bytes(b"")
+    assert main(["log", "verify", f"file://{tmp_path / 'afile'}"]) == 2
+    assert "afile is not a directory" in capsys.readouterr().err
     assert not (tmp_path / "nothing").exists()
     (tmp_path / "empty").mkdir()
     assert main(["log", "scrub", f"file://{tmp_path / 'empty'}"]) == 2
