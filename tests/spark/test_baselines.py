@@ -257,11 +257,6 @@ def test_a_small_baseline_by_hand(spark: Any, tmp_path: Path) -> None:
     replay = _open(spark, tmp_path / "log", records)
     assert to_state(replay.snapshot()) == final == {_X: 3}
     assert list(Assembler().replay(records))[-1].state == final
-    # The first chunk's point is inside the baseline: partial.
-    first = replay.baselines.first(replay.epochs.last_positions()[0].domain_id)
-    assert first is not None and first.start < first.end
-    with pytest.raises(ValueError, match="partial state"):
-        replay.snapshot(str(replay.epochs.position(first.domain_id, first.start)))
 
 
 def test_a_chunk_that_leaves_a_cell_out_removes_it(spark: Any, tmp_path: Path) -> None:
