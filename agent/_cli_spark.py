@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
         if name == "changesets":
             sub.add_argument("--end", default=None, metavar="TOKEN",
                              help="stop at these quiescence points (default: the last)")
+            sub.add_argument("--style", choices=("before_after", "delta"),
+                             default="before_after",
+                             help="before/after columns, or Delta's update_preimage/"
+                                  "update_postimage rows (keep one per table)")
         sub.set_defaults(run=_run)
 
 
@@ -95,7 +99,8 @@ def _run(args: argparse.Namespace) -> int:
             _say(f"state at {replay.frontier(args.at)} "
                  f"{'written to' if wrote else 'already in'} {args.out}")
         elif args.spark_command == "changesets":
-            rows = write_changesets(replay, args.out, format=args.format, end=args.end)
+            rows = write_changesets(replay, args.out, format=args.format, end=args.end,
+                                    style=args.style)
             _say(f"{rows} changed cells appended to {args.out}")
         else:
             report = replay.verify()

@@ -31,7 +31,8 @@ def test_stable_names_are_exported() -> None:
         sinks.objstore: {"ObjectStore", "open_store", "InMemoryObjectStore", "LocalStore",
                          "S3Store"},
         replay.spark: {"changesets", "events", "snapshot", "to_state", "verify", "wide",
-                       "LogReplay", "write_changesets", "write_state"},
+                       "LogReplay", "write_changesets", "write_state",
+                       "stream_changesets", "QuiescencePoints"},
     }
     for module, names in promised.items():
         assert names <= set(module.__all__), module.__name__

@@ -20,19 +20,22 @@ from typing import TYPE_CHECKING
 from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._output import applied_frontier, write_changesets, write_state
-from replay.spark._replay import LogReplay
+from replay.spark._replay import ChangeStyle, LogReplay
 from replay.spark._state import to_state, wide
+from replay.spark._stream import QuiescencePoints, stream_changesets
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "LogReplay",
+    "QuiescencePoints",
     "UnsupportedRecord",
     "applied_frontier",
     "changesets",
     "events",
     "snapshot",
+    "stream_changesets",
     "to_state",
     "verify",
     "wide",
@@ -58,7 +61,9 @@ def snapshot(spark: SparkSession, uri: str, at: At = None, **options: str) -> Da
     return LogReplay(spark, uri, **options).snapshot(at)  # type: ignore[arg-type]
 
 
-def changesets(spark: SparkSession, uri: str, start: At = None, end: At = None,
-               **options: str) -> DataFrame:
-    """Net per-cell changes per quiescent interval after ``start`` up to ``end``."""
-    return LogReplay(spark, uri, **options).changesets(start, end)  # type: ignore[arg-type]
+def changesets(spark: SparkSession, uri: str, start: At = None, end: At = None, *,
+               style: ChangeStyle = "before_after", **options: str) -> DataFrame:
+    """Net per-cell changes per quiescent interval after ``start`` up to ``end``
+    (``style="delta"``: Delta Lake's update_preimage/update_postimage rows)."""
+    return LogReplay(spark, uri, **options).changesets(  # type: ignore[arg-type]
+        start, end, style=style)

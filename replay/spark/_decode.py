@@ -5,9 +5,13 @@ numpy only, never a SparkSession. Two passes over the same fragments:
 
 1. ``metadata_rows``: every record that is not an EVENTS message (epoch records, and
    any kind a newer writer adds), as raw bodies for the driver to decode. They are few.
+   A SNAPSHOT chunk comes as its header only, with the setsum its cells add up to
+   (``_baselines.chunk_header``): its cells stay in the executors.
 2. ``event_rows``: every event, placed in its epoch and quiescent interval with the
    epoch index the driver built from pass 1, plus one row per *segment* carrying its
-   SHA3 digest and the digest's 8 setsum lanes, so Spark sums setsums as plain integers.
+   SHA3 digest and the digest's 8 setsum lanes, so Spark sums setsums as plain integers,
+   and one row per cell of each chunk the driver accepted (kind ``b``: ``batch`` is the
+   baseline id, ``seq`` the chunk index, ``q`` its quiescence point, ``new`` the value).
 
 Every fragment is fetched with ``LogReader.fetch``, which checks it against the manifest
 (setsum, offsets): an altered or truncated fragment fails the job, naming the file.
@@ -26,12 +30,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.codec import SEGMENT_BITS, EventBatch, decode, segment_digests
+from replay.spark._baselines import chunk_header
+from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode, segment_digests
 from sinks.wal3 import Fragment, LogReader
 
 __all__ = [
     "EVENT_ROWS",
     "FRAGMENTS",
+    "KIND_BASELINE",
     "KIND_EVENT",
     "KIND_SEGMENT",
     "METADATA_ROWS",
@@ -43,12 +49,15 @@ __all__ = [
 
 KIND_EVENT: Final = "e"
 KIND_SEGMENT: Final = "s"
+KIND_BASELINE: Final = "b"
 _KIND_BYTE_EVENTS: Final = 0x01  # sinks.codec: MAGIC (3) | version (1) | kind (1)
+_KIND_BYTE_SNAPSHOT: Final = 0x03
 
 FRAGMENTS: Final = pa.schema([pa.field("fragment", pa.string())])
 METADATA_ROWS: Final = pa.schema([
     pa.field("offset", pa.int64()),
-    pa.field("body", pa.binary()),
+    pa.field("body", pa.binary()),  # null for a SNAPSHOT chunk: see ``chunk``
+    pa.field("chunk", pa.string()),  # a SNAPSHOT chunk's header (JSON), else null
 ])
 _LANES: Final = [pa.field(f"l{i}", pa.int64()) for i in range(8)]
 EVENT_ROWS: Final = pa.schema([
@@ -94,6 +103,8 @@ class EpochIndex:
     """Every domain's ``DomainEpochs`` (shipped to the executors with the function)."""
 
     domains: dict[int, DomainEpochs] = field(default_factory=dict)
+    # (domain, baseline, index) of the SNAPSHOT chunks to replay (``_baselines``)
+    chunks: frozenset[tuple[int, int, int]] = frozenset()
 
     def locate(self, domain_id: int, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         found = self.domains.get(domain_id)
@@ -121,10 +132,15 @@ def metadata_rows(uri: str, prefix: str, endpoint_url: str | None
         for _, records in _fragments(batches, reader):
             keep = [(o, b) for o, b in records if len(b) < 5 or b[4] != _KIND_BYTE_EVENTS]
             if keep:
-                offsets, bodies = zip(*keep, strict=True)
+                offsets, bodies, chunks = [], [], []
+                for offset, body in keep:
+                    chunk = _chunk(body)
+                    offsets.append(offset)
+                    bodies.append(None if chunk is not None else body)
+                    chunks.append(None if chunk is None else chunk_header(chunk))
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array(offsets, pa.int64()), pa.array(bodies, pa.binary())],
-                    schema=METADATA_ROWS)
+                    [pa.array(offsets, pa.int64()), pa.array(bodies, pa.binary()),
+                     pa.array(chunks, pa.string())], schema=METADATA_ROWS)
 
     return run
 
@@ -138,6 +154,11 @@ def event_rows(uri: str, prefix: str, endpoint_url: str | None, index: EpochInde
         for _, records in _fragments(batches, reader):
             out = []
             for offset, body in records:
+                chunk = _chunk(body)
+                if chunk is not None:
+                    if (chunk.domain_id, chunk.baseline_id, chunk.index) in index.chunks:
+                        out.append(_chunk_cells(chunk, offset))
+                    continue
                 if len(body) < 5 or body[4] != _KIND_BYTE_EVENTS:
                     continue
                 message = decode(body)
@@ -149,6 +170,38 @@ def event_rows(uri: str, prefix: str, endpoint_url: str | None, index: EpochInde
                 yield from pa.Table.from_batches(out, schema=EVENT_ROWS).to_batches()
 
     return run
+
+
+def _chunk(body: bytes) -> SnapshotChunk | None:
+    """The SNAPSHOT chunk ``body`` holds (decoded and validated), else None."""
+    if len(body) < 5 or body[4] != _KIND_BYTE_SNAPSHOT:
+        return None
+    message = decode(body)
+    return message if isinstance(message, SnapshotChunk) else None
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _chunk_cells(chunk: SnapshotChunk, offset: int) -> pa.RecordBatch:
+    """One row per cell of a chunk, placed at the chunk's quiescence point."""
+    data = chunk.data
+    n = data.num_rows
+    nothing_bin = pa.nulls(n, pa.binary())
+    nothing_int = pa.nulls(n, pa.int64())
+    point = pa.array(np.full(n, chunk.epoch_seq, dtype=np.int64))
+    return pa.RecordBatch.from_arrays([
+        pa.array([KIND_BASELINE] * n, pa.string()),
+        pa.array(np.full(n, _signed(chunk.domain_id), dtype=np.int64)),
+        pa.array(np.full(n, _signed(chunk.baseline_id), dtype=np.int64)),
+        pa.array(np.full(n, chunk.index, dtype=np.int64)),
+        point, point,
+        data.column("table"), data.column("row"), data.column("column"),
+        nothing_bin, data.column("value"),
+        pa.array(np.full(n, offset, dtype=np.int64)),
+        nothing_bin, *([nothing_int] * 8),
+    ], schema=EVENT_ROWS)
 
 
 def _as_int64(column: pa.Array) -> pa.Array:

@@ -16,6 +16,7 @@ import numpy as np
 
 from replay._errors import InconsistentLog
 from replay._position import Position
+from replay.spark._baselines import ChunkHeader
 from replay.spark._decode import DomainEpochs, EpochIndex
 from sequencer import EpochRecord
 from sinks.codec import CodecError, decode
@@ -35,7 +36,7 @@ class EpochTable:
     epochs: dict[int, list[EpochRecord]]  # domain -> its epochs 1..k, in order
     intervals: dict[int, list[EpochRecord]]  # domain -> its quiescence points, in order
 
-    def index(self) -> EpochIndex:
+    def index(self, chunks: frozenset[tuple[int, int, int]] = frozenset()) -> EpochIndex:
         domains = {}
         for domain_id, epochs in self.epochs.items():
             q = np.full(len(epochs), -1, dtype=np.int64)
@@ -47,7 +48,7 @@ class EpochTable:
             domains[domain_id] = DomainEpochs(
                 np.array([r.end_id for r in epochs], dtype=np.uint64),
                 np.array([r.epoch_seq for r in epochs], dtype=np.int64), q)
-        return EpochIndex(domains)
+        return EpochIndex(domains, chunks)
 
     def position(self, domain_id: int, epoch_seq: int) -> Position:
         """The position token of quiescence point ``epoch_seq`` of ``domain_id``."""
@@ -63,24 +64,32 @@ class EpochTable:
                 for d, points in sorted(self.intervals.items()) if points]
 
 
-def decode_metadata(rows: Iterable[tuple[int, bytes]]) -> list[EpochRecord]:
-    """Decode pass 1's bodies; refuse a record kind this reader does not handle."""
+def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]]
+                    ) -> tuple[list[EpochRecord], list[ChunkHeader]]:
+    """Decode pass 1's bodies and chunk headers; refuse a record kind this reader does
+    not handle."""
     records = []
-    for offset, body in rows:
+    chunks = []
+    for offset, body, chunk in rows:
+        if chunk is not None:
+            chunks.append(ChunkHeader.parse(chunk))
+            continue
+        assert body is not None
         try:
             decoded = decode(body)
         except CodecError as exc:
             raise UnsupportedRecord(
                 f"record at offset {offset} of the log: {exc}; replay.spark handles "
-                "events and epoch records only (upgrade cdc-agent to read this log)") from exc
+                "events, epoch records and snapshot chunks only (upgrade cdc-agent to "
+                "read this log)") from exc
         for record in expand(decoded):  # a run of epoch records: each one
             if not isinstance(record, EpochRecord):
                 raise UnsupportedRecord(
                     f"record at offset {offset} of the log is a {type(record).__name__}; "
-                    "replay.spark handles events and epoch records only (baselines and "
-                    "checkpoints are not supported yet)")
+                    "replay.spark handles events, epoch records and snapshot chunks only "
+                    "(checkpoints are not supported yet)")
             records.append(record)
-    return records
+    return records, chunks
 
 
 def build_epoch_table(records: Iterable[EpochRecord]) -> EpochTable:

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replay._position import Frontier, Position
-from replay.spark._replay import LogReplay
+from replay.spark._replay import ChangeStyle, LogReplay
 
 __all__ = ["Format", "applied_frontier", "write_changesets", "write_state"]
 
@@ -91,8 +91,10 @@ def applied_frontier(spark: SparkSession, path: str, format: Format = "delta",
 
 
 def write_changesets(replay: LogReplay, path: str, *, format: Format = "delta",
-                     end: str | Position | Frontier | None = None) -> int:
-    """Append the changesets after what the table at ``path`` holds, up to ``end``.
+                     end: str | Position | Frontier | None = None,
+                     style: ChangeStyle = "before_after", exact: bool = False) -> int:
+    """Append the changesets after what the table at ``path`` holds, up to ``end``
+    (``style``, ``exact``: see ``LogReplay.changesets``; keep one style per table).
 
     Returns the number of rows written (0 when the table is already there).
     """
@@ -101,7 +103,8 @@ def write_changesets(replay: LogReplay, path: str, *, format: Format = "delta",
     # Step 1. Where the table is: its last quiescence point per domain.
     start = applied_frontier(spark, path, format, replay)
     # Step 2. What comes after (verified; raises InconsistentLog before writing).
-    rows = replay.changesets(start if len(start.positions) else None, end)
+    rows = replay.changesets(start if len(start.positions) else None, end, style=style,
+                              exact=exact)
     count = rows.count()
     if not count:
         return 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final
+from typing import Final, Literal
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -32,9 +32,11 @@ from pyspark.sql import functions as F
 
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
+from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
 from replay.spark._decode import (
     EVENT_ROWS,
     FRAGMENTS,
+    KIND_BASELINE,
     KIND_EVENT,
     KIND_SEGMENT,
     METADATA_ROWS,
@@ -48,12 +50,13 @@ from replay.spark._source import LogSource, list_fragments
 from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
 
-__all__ = ["LogReplay", "Progress"]
+__all__ = ["ChangeStyle", "LogReplay", "Progress"]
 
 _LANES: Final = [f"l{i}" for i in range(8)]
 _IDENTITY: Final = ["domain", "batch", "seq"]
 
 Progress = Callable[[str], None] | None
+ChangeStyle = Literal["before_after", "delta"]
 
 _EXPECTED: Final = pa.schema([
     pa.field("domain", pa.int64()), pa.field("epoch", pa.int64()), pa.field("q", pa.int64()),
@@ -89,6 +92,7 @@ class _Failure:
     q: int
     cell: tuple[str, object, str] | None
     message: str
+    forgiven: bool = False  # a broken chain a baseline later covers (see check)
 
     def error(self) -> InconsistentLog:
         return InconsistentLog(self.message, domain_id=self.domain_id,
@@ -127,25 +131,40 @@ class LogReplay:
         return self.spark.createDataFrame(rdd, spark_schema(FRAGMENTS))
 
     @cached_property
-    def epochs(self) -> EpochTable:
-        """Pass 1: the epoch records, checked for tiling and gaps on the driver."""
+    def _metadata(self) -> tuple[EpochTable, BaselineTable]:
+        """Pass 1: the epoch records (checked for tiling and gaps on the driver) and the
+        baselines' chunk headers (checked for setsums, order and tiling)."""
         s = self.source
         with executor_errors():
             rows = self._fragments.mapInArrow(
                 metadata_rows(s.uri, s.prefix, s.endpoint_url), spark_schema(METADATA_ROWS)
             ).collect()
-        table = build_epoch_table(decode_metadata(
-            sorted((int(r["offset"]), bytes(r["body"])) for r in rows)))
+        records, chunks = decode_metadata(
+            (int(r["offset"]), None if r["body"] is None else bytes(r["body"]), r["chunk"])
+            for r in sorted(rows, key=lambda r: int(r["offset"])))
+        table = build_epoch_table(records)
+        baselines = build_baselines(chunks, table.intervals)
         self._say(f"{sum(map(len, table.epochs.values()))} epochs in "
                   f"{len(table.epochs)} domain(s), "
-                  f"{sum(map(len, table.intervals.values()))} quiescence points")
-        return table
+                  f"{sum(map(len, table.intervals.values()))} quiescence points"
+                  + (f", {len(baselines.accepted())} baseline chunk(s)" if baselines else ""))
+        return table, baselines
+
+    @property
+    def epochs(self) -> EpochTable:
+        """The epoch records, checked for tiling and gaps on the driver (pass 1)."""
+        return self._metadata[0]
+
+    @property
+    def baselines(self) -> BaselineTable:
+        """The baselines' chunks (SNAPSHOT records) the replay applies (pass 1)."""
+        return self._metadata[1]
 
     @cached_property
     def _rows(self) -> DataFrame:
         """Pass 2: every event and segment, placed in its epoch and interval (cached)."""
         s = self.source
-        index = self.epochs.index()
+        index = self.epochs.index(self.baselines.accepted())
         rows = self._fragments.mapInArrow(
             event_rows(s.uri, s.prefix, s.endpoint_url, index), spark_schema(EVENT_ROWS))
         return self._persist(rows)
@@ -245,8 +264,32 @@ class LogReplay:
             tables_ok.alias("tables_ok"), setsum_ok.alias("setsum_ok")))
 
     @cached_property
+    def _resets(self) -> DataFrame | None:
+        """Per (cell, chunk point): the value a baseline chunk sets (ABSENT where the
+        chunk covers the cell's row without listing it); ``fq``: the point of the cell's
+        chunk in its domain's first baseline (its events up to there are forgiven a
+        broken chain: the store held values before the agent). None: no baselines."""
+        if not self.baselines:
+            return None
+        listed = (self._rows.filter(F.col("kind") == KIND_BASELINE)
+                  .select("domain", F.col("q"), *CELL, F.col("new").alias("reset")))
+        cells = (self._deduped.select("domain", *CELL)
+                 .unionByName(self._rows.filter(F.col("kind") == KIND_BASELINE)
+                              .select("domain", *CELL)).distinct())
+        rows = cells.select("domain", "table", "row").distinct()
+        covers = rows.mapInArrow(covering_chunks(self.baselines), spark_schema(COVERS))
+        implied = cells.join(covers, ["domain", "table", "row"]).select(
+            "domain", F.col("cq").alias("q"), *CELL, absent().alias("reset"))
+        resets = listed.unionByName(implied).groupBy("domain", "q", *CELL).agg(
+            F.max("reset").alias("reset"))  # a listed value beats the implied ABSENT
+        first = (covers.filter("first").join(cells, ["domain", "table", "row"])
+                 .select("domain", *CELL, F.col("cq").alias("fq")))
+        return resets.join(first, ["domain", *CELL], "left")
+
+    @cached_property
     def _cells(self) -> DataFrame:
-        """Per (cell, interval): the Z-set's net, checked against the value held."""
+        """Per (cell, interval): the Z-set's net, checked against the value held, then
+        the baseline chunk placed at that point (if any) replacing the value."""
         d = self._deduped
         z = d.select("domain", "q", "epoch", *CELL, F.explode(F.array(
             F.struct(F.col("new").alias("v"), F.lit(1).alias("w")),
@@ -262,29 +305,47 @@ class LogReplay:
             F.max(F.when(F.col("net") < 0, F.col("v"))).alias("initial"),
             F.collect_list(F.when(F.col("olds") > 0, F.col("v"))).alias("replaced"),
             F.min("epoch").alias("epoch"))
+        resets = self._resets
+        if resets is None:
+            group = group.select("*", F.lit(None).cast("binary").alias("reset"),
+                                 F.lit(None).cast("bigint").alias("fq"))
+        else:
+            # A point with a chunk but no events of the cell is a group of its own.
+            group = group.join(resets, ["domain", "q", *CELL], "full_outer").withColumn(
+                "epoch", F.coalesce("epoch", "q"))
+            fq = F.max("fq").over(Window.partitionBy("domain", *CELL))
+            group = group.withColumn("fq", fq)
+        events = F.col("nz").isNotNull()
+        moved = (F.col("nz") == 2) & (F.col("absn") == 2)  # +final -initial
+        final = F.coalesce(F.col("reset"), F.when(moved, F.col("after")))
         cell = Window.partitionBy(*CELL)
         before = cell.orderBy("q").rowsBetween(Window.unboundedPreceding, -1)
-        held = F.coalesce(F.last("after", ignorenulls=True).over(before), absent())
-        changed = (F.col("nz") == 2) & (F.col("absn") == 2)
-        why = (F.when((F.col("nz") != 0) & ~changed,
-                      F.lit("its events do not chain from the value held to one final value "
-                            "(an event is missing or altered)"))
-               .when(changed & (F.col("initial") != F.col("held")),
+        held = F.coalesce(F.last("final", ignorenulls=True).over(before), absent())
+        why = (F.when(~events, F.lit(None))
+               .when((F.col("nz") != 0) & ~moved,
+                     F.lit("its events do not chain from the value held to one final value "
+                           "(an event is missing or altered)"))
+               .when(moved & (F.col("initial") != F.col("held")),
                      F.lit("its first event did not replace the value the cell held"))
                .when((F.col("nz") == 0) & ~F.array_contains("replaced", F.col("held")),
                      F.lit("its events never replaced the value held"))
                .when(F.min("domain").over(cell) != F.max("domain").over(cell),
                      F.lit("the cell is written by two domains; replay.spark needs each "
                            "cell owned by one domain")))
-        checked = (group.withColumn("held", held)
-                   .withColumn("changed", changed).withColumn("why", why)
+        forgiven = F.coalesce(F.col("q") <= F.col("fq"), F.lit(False))
+        checked = (group.withColumn("final", final).withColumn("held", held)
+                   .withColumn("changed", F.coalesce(F.col("final") != F.col("held"),
+                                                     F.lit(False)))
+                   .withColumn("why", why)
                    .select("domain", "q", "epoch", *CELL, "changed",
-                           F.col("held").alias("before"), "after", "why"))
+                           F.col("held").alias("before"), F.col("final").alias("after"),
+                           "why", forgiven.alias("forgiven")))
         return self._persist(checked)
 
     @cached_property
-    def _failures(self) -> dict[int, _Failure]:
-        """The first failure of each domain (by interval), found in one Spark job."""
+    def _failures(self) -> dict[int, list[_Failure]]:
+        """The first failure of each domain (by interval) that a baseline forgives and
+        the first that it does not, found in one Spark job."""
         r = self.report
         epoch_bad = r.filter(
             ~F.col("count_ok") | ~F.col("tables_ok") | ~F.col("setsum_ok")).select(
@@ -310,14 +371,16 @@ class LogReplay:
                    F.lit(None).cast("binary").alias("row"),
                    F.lit(None).cast("string").alias("column")]
         cells = self._cells.filter(F.col("why").isNotNull()).select(
-            "domain", "epoch", "q", *CELL,
+            "domain", "epoch", "q", *CELL, "forgiven",
             F.concat(F.lit("cell state cannot be rebuilt: "), F.col("why")).alias("message"))
         every = (epoch_bad.unionByName(segment_bad)
-                 .select("domain", "epoch", "q", *no_cell, "message")
-                 .unionByName(cells.select("domain", "epoch", "q", *CELL, "message")))
-        first = every.groupBy("domain").agg(F.min_by(
+                 .select("domain", "epoch", "q", *no_cell, F.lit(False).alias("forgiven"),
+                         "message")
+                 .unionByName(cells.select("domain", "epoch", "q", *CELL, "forgiven",
+                                           "message")))
+        first = every.groupBy("domain", "forgiven").agg(F.min_by(
             F.struct("epoch", "q", *CELL, "message"), F.struct("q", "epoch")).alias("f"))
-        failures = {}
+        failures: dict[int, list[_Failure]] = {}
         with executor_errors():
             found = first.collect()
         for row in found:
@@ -326,19 +389,63 @@ class LogReplay:
             cell = None
             if f["table"] is not None:
                 cell = (f["table"], decode_key(bytes(f["row"])), f["column"])
-            failures[domain_id] = _Failure(domain_id, int(f["epoch"]), int(f["q"]), cell,
-                                           str(f["message"]))
+            failures.setdefault(domain_id, []).append(_Failure(
+                domain_id, int(f["epoch"]), int(f["q"]), cell, str(f["message"]),
+                bool(row["forgiven"])))
         self._say(f"verified: {len(failures)} domain(s) with an inconsistency")
         return failures
 
-    def check(self, at: Frontier | None = None) -> None:
-        """Raise ``InconsistentLog`` if any interval up to ``at`` (all: None) fails."""
-        for domain_id, failure in sorted(self._failures.items()):
+    def check(self, at: Frontier | None = None, since: Frontier | None = None) -> None:
+        """Raise ``InconsistentLog`` if any interval up to ``at`` (all: None) fails.
+
+        A reader that starts a domain from nothing (``since`` does not name it, or names
+        a point where its state is whole) cannot check events on cells the store held
+        before the agent started: a broken chain on a cell before its row's chunk of the
+        domain's first baseline is forgiven once that baseline is whole at ``at``.
+        """
+        for domain_id, found in sorted(self._failures.items()):
             limit = None if at is None else at.get(domain_id)
             if at is not None and limit is None:
                 continue
-            if limit is None or failure.q <= limit.epoch_seq:
+            whole = self.whole_from(domain_id)
+            start = None if since is None else since.get(domain_id)
+            first = self.baselines.first(domain_id)
+            fresh = start is None or (whole is not None and 0 <= whole <= start.epoch_seq) or (
+                first is not None and start.epoch_seq < first.start)
+            for failure in sorted(found, key=lambda f: f.q):
+                if limit is not None and failure.q > limit.epoch_seq:
+                    continue
+                if failure.forgiven and fresh and whole is not None and whole >= 0 and (
+                        limit is None or limit.epoch_seq >= whole):
+                    continue
                 raise failure.error()
+
+    def whole_from(self, domain_id: int) -> int | None:
+        """The first quiescence point from which the domain's states are the store's
+        when replayed from nothing: its first baseline's last chunk (or the next point).
+        None: the domain has no baseline (whole from its start, as an empty store);
+        -1: its first baseline is not complete in this log."""
+        return self.baselines.whole_from(domain_id, self.epochs.intervals.get(domain_id, []))
+
+    def _check_whole(self, frontier: Frontier) -> None:
+        """Refuse a point inside a domain's first baseline: its state there is partial."""
+        for p in frontier:
+            first = self.baselines.first(p.domain_id)
+            whole = self.whole_from(p.domain_id)
+            if first is None or whole is None or p.epoch_seq < first.start:
+                continue
+            if whole < 0:
+                raise ValueError(
+                    f"quiescence point {p.epoch_seq} of domain {p.domain_id:016x} comes after "
+                    f"the start of baseline {first.baseline_id:#x} (epoch {first.start}), "
+                    "whose last chunk is not in this log yet: the state there is partial; "
+                    f"ask for a point before epoch {first.start} or wait for the baseline")
+            if p.epoch_seq < whole:
+                raise ValueError(
+                    f"quiescence point {p.epoch_seq} of domain {p.domain_id:016x} is inside "
+                    f"baseline {first.baseline_id:#x} (epochs {first.start}..{whole}): a "
+                    f"replay from nothing has a partial state there; ask for epoch {whole} "
+                    "or later (or one before the baseline)")
 
     def verify(self) -> DataFrame:
         """Check the whole log; return the per-epoch report (raise ``InconsistentLog``)."""
@@ -347,12 +454,15 @@ class LogReplay:
 
     # -- results -----------------------------------------------------------------------------
 
-    def frontier(self, at: str | Position | Frontier | None = None) -> Frontier:
+    def frontier(self, at: str | Position | Frontier | None = None, *,
+                 fill: bool = True) -> Frontier:
         """``at`` as a frontier of quiescence points of this log (default: the last ones).
 
-        A domain that ``at`` does not name stays at its last quiescence point.
+        A domain that ``at`` does not name stays at its last quiescence point (``fill``;
+        otherwise it is left out).
         """
-        last = {p.domain_id: p for p in self.epochs.last_positions()}
+        last = ({p.domain_id: p for p in self.epochs.last_positions()}
+                if fill or at is None else {})
         wanted = _frontier(at)
         for p in wanted or ():
             if p.domain_id not in self.epochs.epochs:
@@ -360,6 +470,39 @@ class LogReplay:
                                  f"log does not hold")
             last[p.domain_id] = self.epochs.position(p.domain_id, p.epoch_seq)
         return Frontier.of(last.values())
+
+    def settle(self, end: Frontier) -> Frontier:
+        """The furthest frontier up to ``end`` a stream can apply now.
+
+        A domain inside a baseline that is not whole yet stops before it; a domain whose
+        cell check breaks where no baseline of it is whole yet waits before that
+        interval, as the Python assembler holds it, for at most ``HOLD_LIMIT_EPOCHS``
+        epochs (then, and for a count or setsum failure, ``InconsistentLog``). A domain
+        with no point to apply is left out.
+        """
+        from replay._baseline import HOLD_LIMIT_EPOCHS
+
+        out = []
+        for p in self.frontier(end, fill=False):
+            d = p.domain_id
+            points = [r.epoch_seq for r in self.epochs.intervals.get(d, [])]
+            limit: int | None = p.epoch_seq
+            first, whole = self.baselines.first(d), self.whole_from(d)
+            if first is not None and whole is not None and (
+                    whole < 0 or p.epoch_seq < whole) and p.epoch_seq >= first.start:
+                limit = max((q for q in points if q < first.start), default=None)
+            for failure in sorted(self._failures.get(d, []), key=lambda f: f.q):
+                if limit is None or failure.q > limit:
+                    break
+                if failure.forgiven and whole is not None and 0 <= whole <= limit:
+                    continue
+                behind = len(self.epochs.epochs[d]) - failure.epoch_seq
+                if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
+                    raise failure.error()
+                limit = max((q for q in points if q < failure.q), default=None)
+            if limit is not None:
+                out.append(self.epochs.position(d, limit))
+        return Frontier.of(out)
 
     def _limits(self, frontier: Frontier, column: str = "q") -> Column:
         cond = F.lit(False)
@@ -375,7 +518,12 @@ class LogReplay:
         cell), ``table``, ``row`` (tagged key), ``column``, ``value`` (tagged bytes).
         """
         frontier = self.frontier(at)
+        self._check_whole(frontier)
         self.check(frontier)
+        return self._state_at(frontier)
+
+    def _state_at(self, frontier: Frontier) -> DataFrame:
+        """The cells at ``frontier`` (its domains only), unchecked: callers check."""
         changed = self._cells.filter(F.col("changed") & self._limits(frontier))
         last = changed.groupBy("domain", *CELL).agg(
             F.max_by(F.struct("q", "after"), F.col("q")).alias("last"))
@@ -395,28 +543,94 @@ class LogReplay:
         return table_frame(self.spark, _POINTS, cols)
 
     def changesets(self, start: str | Position | Frontier | None = None,
-                   end: str | Position | Frontier | None = None) -> DataFrame:
+                   end: str | Position | Frontier | None = None, *,
+                   style: ChangeStyle = "before_after", exact: bool = False) -> DataFrame:
         """Net per-cell changes of each quiescent interval after ``start`` up to ``end``.
 
         One row per changed cell and interval, in the style of Delta Lake's change data
         feed: ``_position`` (the token once the interval is applied), ``_domain``,
-        ``_epoch`` (its quiescence point), ``table``, ``row``, ``column``, ``before``,
-        ``after`` (tagged bytes; ABSENT is ``b""``), ``_change_type`` (``insert``,
-        ``update`` or ``delete``).
+        ``_epoch`` (its quiescence point), ``table``, ``row``, ``column``, then
+
+        - ``style="before_after"`` (default): ``before``, ``after`` (tagged bytes;
+          ABSENT is ``b""``) and ``_change_type`` ``insert``, ``update`` or ``delete``;
+        - ``style="delta"``: ``value`` and ``_change_type`` as Delta Lake's change data
+          feed has them: ``insert`` (the new value), ``delete`` (the value deleted), and
+          an update as two rows, ``update_preimage`` (the old value) and
+          ``update_postimage`` (the new one).
+
+        A domain with a baseline replayed from nothing (``start`` does not name it)
+        starts at the point its first baseline is whole (``whole_from``): its first
+        changeset is that state, as inserts; the partial states before are not given.
+        From a ``start`` before the baseline, the intervals up to that point become one
+        changeset there. ``exact``: domains ``end`` does not name give no rows.
         """
-        until = self.frontier(end)
-        self.check(until)
-        rows = self._cells.filter(F.col("changed") & self._limits(until))
+        if style not in ("before_after", "delta"):
+            raise ValueError(f"style {style!r}: use 'before_after' or 'delta'")
+        until = self.frontier(end, fill=not exact)
         since = _frontier(start)
+        self._check_whole(until)
+        if since is not None:
+            self._check_whole(Frontier.of(
+                [p for p in since if self.baselines.first(p.domain_id) is not None]))
+        self.check(until, since)
+        rows = self._cells.filter(F.col("changed") & self._limits(until)).select(
+            "domain", "q", *CELL, "before", "after")
         for p in since or ():
             rows = rows.filter((F.col("domain") != F.lit(_signed(p.domain_id)))
                                | (F.col("q") > F.lit(p.epoch_seq)))
+        for domain_id in self.baselines.baselines:
+            whole = self.whole_from(domain_id)
+            first = self.baselines.first(domain_id)
+            limit = until.get(domain_id)
+            begin = None if since is None else since.get(domain_id)
+            if (whole is None or whole < 0 or first is None or limit is None
+                    or limit.epoch_seq < whole
+                    or (begin is not None and begin.epoch_seq >= first.start)):
+                continue
+            # From nothing, or from a point before the baseline: the partial intervals
+            # up to the point the baseline is whole become one changeset there, from the
+            # state held (none, or the state at `begin`) to the baseline's whole state.
+            d = F.lit(_signed(domain_id))
+            cell = ["domain", *CELL]
+            to = self._state_at(Frontier.of([self.epochs.position(domain_id, whole)]))
+            to = to.select(F.col("_domain").alias("domain"), *CELL,
+                           F.col("value").alias("after"))
+            if begin is None:
+                held = to.select(*cell, absent().alias("before")).limit(0)
+            else:
+                held = self._state_at(Frontier.of([begin])).select(
+                    F.col("_domain").alias("domain"), *CELL, F.col("value").alias("before"))
+            diff = (held.join(to, cell, "full_outer")
+                    .select(*cell, F.coalesce("before", absent()).alias("before"),
+                            F.coalesce("after", absent()).alias("after"))
+                    .filter(F.col("before") != F.col("after")))
+            rows = rows.filter((F.col("domain") != d) | (F.col("q") > F.lit(whole)))
+            rows = rows.unionByName(diff.select(
+                "domain", F.lit(whole).cast("bigint").alias("q"), *CELL, "before", "after"))
+        out = rows.join(F.broadcast(self._points()), ["domain", "q"]).select(
+            "_position", F.col("domain").alias("_domain"), F.col("q").alias("_epoch"),
+            *CELL, "before", "after")
+        if style == "delta":
+            return _delta_style(out)
         kind = (F.when(F.col("before") == absent(), F.lit("insert"))
                 .when(F.col("after") == absent(), F.lit("delete"))
                 .otherwise(F.lit("update")))
-        return rows.join(F.broadcast(self._points()), ["domain", "q"]).select(
-            "_position", F.col("domain").alias("_domain"), F.col("q").alias("_epoch"),
-            *CELL, "before", "after", kind.alias("_change_type"))
+        return out.withColumn("_change_type", kind)
+
+
+def _delta_style(rows: DataFrame) -> DataFrame:
+    """before/after rows as Delta Lake's change data feed has them (one row per image)."""
+    images = F.explode(F.array(
+        F.struct(F.col("before").alias("value"),
+                 F.when(F.col("after") == absent(), F.lit("delete"))
+                 .otherwise(F.lit("update_preimage")).alias("_change_type")),
+        F.struct(F.col("after").alias("value"),
+                 F.when(F.col("before") == absent(), F.lit("insert"))
+                 .otherwise(F.lit("update_postimage")).alias("_change_type"))))
+    keep = ["_position", "_domain", "_epoch", *CELL]
+    return (rows.select(*keep, images.alias("i"))
+            .filter(F.col("i.value") != absent())  # an insert has no preimage, a delete
+            .select(*keep, "i.value", "i._change_type"))  # no postimage
 
 
 def _lanes(hexdigest: str) -> list[int]:

@@ -9,7 +9,10 @@ cells of that domain's tables are captured as tagged bytes, to compare bit for b
 from __future__ import annotations
 
 import itertools
+import random
+import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +22,7 @@ from agent import Agent, MemoryStore
 from agent._workload import Workload
 from replay import Assembler, Snapshot
 from sequencer import EpochRecord, MonotonicIds
-from sinks.codec import EpochRun, EventBatch
+from sinks.codec import EpochRun, EventBatch, SnapshotChunk
 from sinks.wal3 import Wal3Sink, WriterOptions, read_log
 from tests.helpers import bits
 
@@ -44,6 +47,10 @@ class SharedSink:
     def write_epochs(self, run: EpochRun) -> None:  # runs of epoch records: EPOCHS messages
         with self._lock:
             self.sink.write_epochs(run)
+
+    def write_snapshot(self, chunk: SnapshotChunk) -> None:
+        with self._lock:
+            self.sink.write_snapshot(chunk)
 
     def flush(self) -> None:
         with self._lock:
@@ -80,7 +87,8 @@ class Logged:
 def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 150,
               rows: int = 120, seed: int = 0,
               ids: Callable[[int], MonotonicIds | None] = lambda d: None,
-              uri: str | None = None, endpoint_url: str | None = None) -> Logged:
+              uri: str | None = None, endpoint_url: str | None = None,
+              table_prefix: str = "") -> Logged:
     """Run ``domains`` Agents concurrently into a wal3 log at ``path`` (or ``uri``)."""
     uri = uri or f"file://{path}"
     sink = Wal3Sink(uri, endpoint_url=endpoint_url,
@@ -91,7 +99,7 @@ def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 
     lock = threading.Lock()
     agents = []
     for d in range(domains):
-        tables = (f"d{d}_items", f"d{d}_users")
+        tables = (f"{table_prefix}d{d}_items", f"{table_prefix}d{d}_users")
 
         def capture(marker: EpochRecord, tables: tuple[str, ...] = tables) -> None:
             state = {c: v for c, v in bits(store.snapshot()).items() if c[0] in tables}
@@ -117,12 +125,12 @@ def write_log(path: Path, *, domains: int = 3, threads: int = 3, batches: int = 
     return logged
 
 
-Message = EventBatch | EpochRecord
+Message = EventBatch | EpochRecord | SnapshotChunk
 
 
 def messages(uri: str) -> list[Message]:
     """The log's records in order, as the codec decodes them."""
-    return [r for r in read_log(uri) if isinstance(r, EventBatch | EpochRecord)]
+    return list(read_log(uri))
 
 
 def rewrite(path: Path, records: list[Message]) -> str:
@@ -133,7 +141,98 @@ def rewrite(path: Path, records: list[Message]) -> str:
     for record in records:
         if isinstance(record, EpochRecord):
             sink.write_epoch(record)
+        elif isinstance(record, SnapshotChunk):
+            sink.write_snapshot(record)
         else:
             sink.write_events(record)
     sink.close()
     return uri
+
+
+_ODD_VALUES: tuple[Any, ...] = (
+    float("nan"), struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_00A5))[0], -0.0, 0.0,
+    b"\x00", "\x00", "", b"", None, True, False, (1 << 63) - 1, -(1 << 63), "κ")
+
+
+@dataclass
+class BaselineLogged:
+    """A log whose first domain took a baseline of a pre-populated store while its
+    writers ran (before, during and after); the second domain writes its own empty
+    store throughout and takes none."""
+
+    uri: str
+    report: Any  # agent.BaselineReport of the first domain
+    baseline_domain: int
+    other_domain: int
+    at_quiescence: dict[tuple[int, int], dict[Cell, bytes]] = field(default_factory=dict)
+    final: dict[Cell, bytes] = field(default_factory=dict)
+
+
+def _prepopulated(rng: random.Random, rows: int) -> MemoryStore:
+    cells: dict[Cell, Any] = {}
+    for i in range(rows):
+        table = rng.choice(["t", "u"])
+        row: int | str = (rng.choice([rng.randrange(-50, 400), (1 << 63) - 1 - i, -(1 << 63) + i])
+                          if rng.random() < 0.7 else f"r{i}")
+        for column in rng.sample(["a", "b", "c"], rng.randrange(1, 4)):
+            cells[(table, row, column)] = rng.choice((*_ODD_VALUES, i, f"v{i}"))
+    return MemoryStore(cells)
+
+
+def _writer(agent: Agent, tables: tuple[str, ...], seed: int, stop: threading.Event) -> None:
+    rng = random.Random(seed)
+    while not stop.is_set():
+        with agent.batch():
+            for _ in range(rng.randrange(1, 5)):
+                table = rng.choice(tables)
+                row: int | str = (rng.randrange(-60, 420) if rng.random() < 0.7
+                                  else f"r{rng.randrange(300)}")
+                column = rng.choice(["a", "b", "c"])
+                roll = rng.random()
+                if roll < 0.15:
+                    agent.delete(table, row, column)
+                elif roll < 0.2:
+                    agent.clear_row(table, row)
+                else:
+                    agent.set(table, row, column, rng.choice((*_ODD_VALUES, rng.randrange(99))))
+        time.sleep(0.0005)
+
+
+def write_baseline_log(path: Path, *, rows: int = 400, chunk_rows: int = 37, seed: int = 0,
+                       writers: int = 2) -> BaselineLogged:
+    """Pre-populated store, writers, ``Agent.snapshot()`` mid-run, more writes after."""
+    rng = random.Random(seed)
+    uri = f"file://{path}"
+    sink = Wal3Sink(uri, options=WriterOptions(batch_interval=0.002))
+    shared = SharedSink(sink)
+    stores = (_prepopulated(rng, rows), MemoryStore())
+    lock = threading.Lock()
+    captured: dict[tuple[int, int], dict[Cell, bytes]] = {}
+
+    def capture(store: MemoryStore) -> Callable[[EpochRecord], None]:
+        def run(marker: EpochRecord) -> None:
+            state = bits(store.snapshot())
+            with lock:
+                captured[(marker.domain_id, marker.epoch_seq)] = state
+        return run
+
+    agents = [Agent(store, shared, on_quiescence=capture(store)) for store in stores]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_writer, args=(agents[0], ("t", "u"), seed * 10 + i,
+                                                      stop)) for i in range(writers)]
+    threads.append(threading.Thread(target=_writer, args=(agents[1], ("o",), seed * 10 + 9,
+                                                          stop)))
+    for t in threads:
+        t.start()
+    time.sleep(0.15)  # pre-baseline events on cells the log never saw
+    report = agents[0].snapshot(chunk_rows=chunk_rows)
+    time.sleep(0.15)
+    stop.set()
+    for t in threads:
+        t.join()
+    for agent in agents:
+        agent.close()
+    sink.close()
+    final = {**bits(stores[0].snapshot()), **bits(stores[1].snapshot())}
+    return BaselineLogged(uri, report, agents[0].domain_id, agents[1].domain_id, captured,
+                          final)

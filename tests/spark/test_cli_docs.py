@@ -62,3 +62,24 @@ def test_the_worked_example_runs(spark: Any, capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     assert "('users', 1, 'name'): 'Ada'" in out and "('users', 2, 'name'): 'Grace'" in out
     assert "'score'" not in out.split("{", 1)[1].split("}", 1)[0]
+
+
+def test_cli_changesets_in_delta_style(spark: Any, small: Logged, tmp_path: Path) -> None:
+    out = str(tmp_path / "delta-style")
+    assert main(["spark", "changesets", small.uri, "--out", out, "--style", "delta"]) == 0
+    kinds = {r[0] for r in spark.read.parquet(out).select("_change_type").distinct().collect()}
+    assert kinds == {"insert", "delete", "update_preimage", "update_postimage"}
+
+
+def test_every_example_of_the_doc_runs(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """All Python blocks of docs/spark.md, pasted one after the other into one session:
+    the baseline example prints the store's cells, the stream writes a table."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) >= 4
+    namespace: dict[str, Any] = {}
+    for block in blocks:
+        exec(compile(block, str(DOC), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "('users', 1, 'name'): 'Ada L.'" in out
+    assert "('users', 2, 'name'): 'G. Hopper'" in out
+    assert spark.read.parquet(namespace["path"] + "-stream").count() > 0

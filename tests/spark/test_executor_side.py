@@ -59,7 +59,7 @@ def test_a_missing_epoch_in_the_tail_is_only_the_tail() -> None:
 def test_unknown_record_kinds_are_refused() -> None:
     """Bytes that are no record this reader knows: UnsupportedRecord naming the offset."""
     with pytest.raises(UnsupportedRecord, match="offset 9"):
-        decode_metadata([(9, b"CDC\x01\x7f")])
+        decode_metadata([(9, b"CDC\x01\x7f", None)])
 
 
 def test_executor_functions_place_every_event(tmp_path: Path) -> None:
@@ -71,9 +71,11 @@ def test_executor_functions_place_every_event(tmp_path: Path) -> None:
         [pa.array([json.dumps(json.loads(f.to_json())) for f in reader.scan()])],
         schema=FRAGMENTS)
     meta = pa.Table.from_batches(list(metadata_rows(logged.uri, "", None)([frags])))
-    table = build_epoch_table(decode_metadata(zip(meta.column("offset").to_pylist(),
-                                                  meta.column("body").to_pylist(),
-                                                  strict=True)))
+    records, chunks = decode_metadata(zip(meta.column("offset").to_pylist(),
+                                          meta.column("body").to_pylist(),
+                                          meta.column("chunk").to_pylist(), strict=True))
+    assert not chunks
+    table = build_epoch_table(records)
     rows = pa.Table.from_batches(list(event_rows(logged.uri, "", None, table.index())([frags])))
     kinds = rows.column("kind").to_pylist()
     events = kinds.count(KIND_EVENT)

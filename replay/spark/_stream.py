@@ -1,0 +1,208 @@
+"""Streaming: micro-batches that end only at quiescence points, offsets Spark checkpoints.
+
+Two parts:
+
+- ``QuiescencePoints``, a PySpark Python data source (``spark.readStream.format(
+  "cdc_agent_points")``): its offsets are frontiers of quiescence points of a wal3 log
+  (one position token per domain, ``replay.Position``), found by reading the log's new
+  fragments in the driver's Python data source process (only epoch records and
+  snapshot chunk headers are decoded). A domain's offset never enters a baseline that
+  is not whole yet (its states there are partial). Each micro-batch's rows are the end
+  frontier, one row per domain: a consistent cut.
+- ``stream_changesets`` runs a query over it whose ``foreachBatch`` appends the
+  verified changesets up to that frontier to a table (``write_changesets``: after what
+  the table already holds). Spark checkpoints the offsets; a micro-batch rerun after a
+  crash writes nothing twice, because the table itself says how far it got. So a
+  restarted query neither skips nor repeats an interval.
+
+Each micro-batch replays the log so far in Spark (``LogReplay``): simple and verified,
+at a cost that grows with the log (use a trigger interval to match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from replay._position import Frontier, Position
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from replay.spark._output import Format
+    from replay.spark._replay import ChangeStyle
+
+__all__ = ["POINTS_SCHEMA", "QuiescencePoints", "stream_changesets"]
+
+SOURCE_NAME: Final = "cdc_agent_points"
+POINTS_SCHEMA: Final = StructType([
+    StructField("_domain", LongType()), StructField("_epoch", LongType()),
+    StructField("_position", StringType()),
+])
+_KINDS_EPOCH: Final = (0x02, 0x04)  # sinks.codec: EPOCH (one record), EPOCHS (a run)
+_KIND_SNAPSHOT: Final = 0x03
+
+
+@dataclass
+class _Scan:
+    """What the log said so far: quiescence points and first baselines, per domain."""
+
+    through: int = 0  # records below this offset are read
+    points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # (seq, end_id)
+    first: dict[int, int] = field(default_factory=dict)  # domain -> its first baseline id
+    start: dict[int, int] = field(default_factory=dict)  # ... its chunk 0's point
+    end: dict[int, int] = field(default_factory=dict)  # ... its last chunk's point
+
+    def frontier(self) -> Frontier:
+        """Each domain's last quiescence point outside a baseline that is not whole."""
+        positions = []
+        for domain_id, points in self.points.items():
+            ok = points
+            if domain_id in self.start:
+                start, end = self.start[domain_id], self.end.get(domain_id)
+                whole = [p for p in points if end is not None and p[0] >= end]
+                ok = whole or [p for p in points if p[0] < start]
+            if ok:
+                seq, end_id = ok[-1]
+                positions.append(Position(domain_id, seq, end_id))
+        return Frontier.of(positions)
+
+
+def _scan(reader: Any, scan: _Scan) -> None:
+    """Read the records after ``scan.through`` (whole fragments), updating ``scan``."""
+    from sequencer import EpochRecord
+    from sinks.codec import SnapshotChunk, decode, records
+
+    manifest = reader.manifest()
+    for fragment in reader.scan(manifest=manifest):
+        if fragment.limit <= scan.through:
+            continue
+        for record in reader.fetch(fragment):
+            body = record.body
+            if record.offset < scan.through or len(body) < 5:
+                continue
+            if body[4] in _KINDS_EPOCH:
+                for epoch in records(decode(body)):  # an EPOCHS run holds many
+                    if isinstance(epoch, EpochRecord) and epoch.quiescent:
+                        points = scan.points.setdefault(epoch.domain_id, [])
+                        if not points or points[-1][0] < epoch.epoch_seq:
+                            points.append((epoch.epoch_seq, epoch.end_id))
+            elif body[4] == _KIND_SNAPSHOT:
+                chunk = decode(body)
+                assert isinstance(chunk, SnapshotChunk)
+                d = chunk.domain_id
+                if d not in scan.first:
+                    scan.first[d], scan.start[d] = chunk.baseline_id, chunk.epoch_seq
+                if chunk.baseline_id == scan.first[d] and chunk.last:
+                    scan.end[d] = chunk.epoch_seq
+        scan.through = max(scan.through, fragment.limit)
+
+
+class _Partition(InputPartition):
+    def __init__(self, frontier: str) -> None:
+        super().__init__(frontier)
+        self.frontier = frontier
+
+
+class _PointsReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self._options = options
+        self._scan = _Scan()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles the reader to run ``read`` in a worker: only the options go.
+        return {"_options": self._options, "_scan": _Scan()}
+
+    def _reader(self) -> Any:
+        from sinks.wal3 import LogReader
+
+        options = self._options
+        return LogReader(options["uri"], options.get("prefix", ""),
+                         endpoint_url=options.get("endpoint_url") or None)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"frontier": ""}
+
+    def latestOffset(self) -> dict[str, Any]:
+        _scan(self._reader(), self._scan)
+        return {"frontier": str(self._scan.frontier())}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [_Partition(end["frontier"])]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, int, str]]:
+        text = partition.frontier  # type: ignore[attr-defined]
+        for p in Frontier.parse(text) if text else ():
+            domain = p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
+            yield domain, p.epoch_seq, str(p)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+
+class QuiescencePoints(DataSource):
+    """``spark.readStream.format("cdc_agent_points").option("uri", ...)``: a stream
+    whose micro-batches end at quiescence points of a wal3 log (options ``uri``,
+    ``prefix``, ``endpoint_url``). Register it with ``spark.dataSource.register``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return POINTS_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if "uri" not in self.options:
+            raise ValueError(f"{SOURCE_NAME}: give the log with .option('uri', ...)")
+        return _PointsReader(dict(self.options))
+
+
+def points_stream(spark: SparkSession, uri: str, *, prefix: str = "",
+                  endpoint_url: str | None = None) -> DataFrame:
+    """The streaming DataFrame of quiescence-point frontiers of the log at ``uri``."""
+    spark.dataSource.register(QuiescencePoints)
+    reader = spark.readStream.format(SOURCE_NAME).option("uri", uri).option("prefix", prefix)
+    if endpoint_url:
+        reader = reader.option("endpoint_url", endpoint_url)
+    return reader.load()
+
+
+def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: str,
+                      format: Format = "delta", style: ChangeStyle = "before_after",
+                      prefix: str = "", endpoint_url: str | None = None,
+                      interval: str = "10 seconds",
+                      on_batch: Callable[[int, int], None] | None = None) -> StreamingQuery:
+    """Start a query that keeps the changeset table at ``path`` up to date with the log.
+
+    Each micro-batch ends at a frontier of quiescence points (offsets checkpointed in
+    ``checkpoint``) and appends the verified changesets up to it (``write_changesets``).
+    ``on_batch(batch_id, rows)`` is called after each micro-batch is written.
+    Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
+    cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
+    """
+    from replay.spark._output import write_changesets
+    from replay.spark._replay import LogReplay
+
+    def each(batch: DataFrame, batch_id: int) -> None:
+        rows = batch.collect()
+        end = Frontier.of([Position.parse(r["_position"]) for r in rows])
+        if not len(end.positions):
+            return
+        replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
+        try:
+            written = write_changesets(replay, path, format=format, style=style,
+                                       end=replay.settle(end), exact=True)
+        finally:
+            replay.unpersist()
+        if on_batch is not None:
+            on_batch(batch_id, written)
+
+    return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
+            .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
+            .trigger(processingTime=interval).start())
