@@ -22,7 +22,7 @@ from agent import Agent, MemoryStore
 from agent._workload import Workload
 from replay import Assembler, Snapshot
 from sequencer import EpochRecord, MonotonicIds
-from sinks.codec import EpochRun, EventBatch, SnapshotChunk
+from sinks.codec import EpochRun, EventBatch, SnapshotChunk, decode_key
 from sinks.wal3 import Wal3Sink, WriterOptions, read_log
 from tests.helpers import bits
 
@@ -236,3 +236,28 @@ def write_baseline_log(path: Path, *, rows: int = 400, chunk_rows: int = 37, see
     final = {**bits(stores[0].snapshot()), **bits(stores[1].snapshot())}
     return BaselineLogged(uri, report, agents[0].domain_id, agents[1].domain_id, captured,
                           final)
+
+
+def compose_states(rows: list[Any]) -> dict[tuple[int, int], dict[Any, bytes]]:
+    """Each domain's state after each changeset point, applying ``changesets()`` rows
+    in order (either style: before/after, or Delta's pre/post images)."""
+    by_point: dict[tuple[int, int], list[Any]] = {}
+    for row in rows:
+        by_point.setdefault((row["_domain"] % (1 << 64), row["_epoch"]), []).append(row)
+    states: dict[int, dict[Any, bytes]] = {}
+    out = {}
+    for (domain_id, epoch), found in sorted(by_point.items()):
+        state = states.setdefault(domain_id, {})
+        for row in found:
+            cell = (row["table"], decode_key(bytes(row["row"])), row["column"])
+            value = bytes(row["after"] if "after" in row else row["value"])
+            kind = row["_change_type"]
+            if kind in ("delete",):
+                state.pop(cell, None)
+            elif kind != "update_preimage":
+                if value:
+                    state[cell] = value
+                else:
+                    state.pop(cell, None)
+        out[(domain_id, epoch)] = dict(state)
+    return out

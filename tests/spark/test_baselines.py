@@ -13,10 +13,17 @@ from agent import Agent, MemoryStore
 from replay import Assembler, Frontier, InconsistentLog
 from replay.spark import LogReplay, to_state
 from sinks import MemorySink
-from sinks.codec import SnapshotChunk, decode_key
+from sinks.codec import SnapshotChunk
 from sinks.wal3 import read_log
 from tests.helpers import bits
-from tests.spark._logs import BaselineLogged, Message, messages, rewrite, write_baseline_log
+from tests.spark._logs import (
+    BaselineLogged,
+    Message,
+    compose_states,
+    messages,
+    rewrite,
+    write_baseline_log,
+)
 
 pytestmark = [
     pytest.mark.spark,
@@ -47,30 +54,6 @@ def _own(state: dict[Any, bytes], tables: tuple[str, ...]) -> dict[Any, bytes]:
     return {c: v for c, v in state.items() if c[0] in tables}
 
 
-def _compose(rows: list[Any]) -> dict[tuple[int, int], dict[Any, bytes]]:
-    """The state of each domain after each changeset point, applying rows in order."""
-    by_point: dict[tuple[int, int], list[Any]] = {}
-    for row in rows:
-        by_point.setdefault((row["_domain"] % (1 << 64), row["_epoch"]), []).append(row)
-    states: dict[int, dict[Any, bytes]] = {}
-    out = {}
-    for (domain_id, epoch), found in sorted(by_point.items()):
-        state = states.setdefault(domain_id, {})
-        for row in found:
-            cell = (row["table"], decode_key(bytes(row["row"])), row["column"])
-            value = bytes(row["after"] if "after" in row else row["value"])
-            kind = row["_change_type"]
-            if kind in ("delete",):
-                state.pop(cell, None)
-            elif kind != "update_preimage":
-                if value:
-                    state[cell] = value
-                else:
-                    state.pop(cell, None)
-        out[(domain_id, epoch)] = dict(state)
-    return out
-
-
 def test_a_baseline_replays_to_the_stores_states_and_the_python_assemblers(
         replay: LogReplay, based: BaselineLogged) -> None:
     """From nothing: every quiescence point from the baseline's last chunk on, rebuilt
@@ -82,7 +65,7 @@ def test_a_baseline_replays_to_the_stores_states_and_the_python_assemblers(
     assert replay.whole_from(based.other_domain) is None
     python = {(s.domain_id, s.epoch_seq): bits(s.state)
               for s in Assembler().replay(read_log(based.uri))}
-    composed = _compose(replay.changesets().collect())
+    composed = compose_states(replay.changesets().collect())
     # The baseline domain's first changeset is its whole state at `whole`.
     assert min(q for d, q in composed if d == b) == whole
     checked = python_checked = 0
@@ -146,7 +129,7 @@ def test_delta_style_changesets(replay: LogReplay, based: BaselineLogged) -> Non
         if r["_change_type"] in ("update_preimage", "delete"):
             assert bytes(r["value"]) == olds[(r["_position"], r["table"], bytes(r["row"]),
                                               r["column"])]
-    assert _compose(rows) == _compose(plain)
+    assert compose_states(rows) == compose_states(plain)
     with pytest.raises(ValueError, match="style"):
         replay.changesets(style="wide")  # type: ignore[arg-type]
 

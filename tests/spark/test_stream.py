@@ -11,35 +11,15 @@ import pytest
 from replay import Assembler, Frontier
 from replay.spark import stream_changesets
 from replay.spark._stream import _Scan, _scan
-from sinks.codec import decode_key
 from sinks.wal3 import LogReader, read_log
 from tests.helpers import bits
-from tests.spark._logs import write_baseline_log, write_log
+from tests.spark._logs import compose_states, write_baseline_log, write_log
 
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
-
-
-def _states(rows: list[Any]) -> dict[tuple[int, int], dict[Any, bytes]]:
-    """Each domain's state after each of its written points (rows applied in order)."""
-    by_point: dict[tuple[int, int], list[Any]] = {}
-    for row in rows:
-        by_point.setdefault((row["_domain"] % (1 << 64), row["_epoch"]), []).append(row)
-    states: dict[int, dict[Any, bytes]] = {}
-    out = {}
-    for (domain_id, epoch), found in sorted(by_point.items()):
-        state = states.setdefault(domain_id, {})
-        for row in found:
-            cell = (row["table"], decode_key(bytes(row["row"])), row["column"])
-            if row["after"]:
-                state[cell] = bytes(row["after"])
-            else:
-                state.pop(cell, None)
-        out[(domain_id, epoch)] = dict(state)
-    return out
 
 
 def test_a_stream_survives_a_crash_and_restarts(spark: Any, tmp_path: Path) -> None:
@@ -77,7 +57,7 @@ def test_a_stream_survives_a_crash_and_restarts(spark: Any, tmp_path: Path) -> N
     keys = [(r["_domain"], r["_epoch"], r["table"], bytes(r["row"]), r["column"])
             for r in rows]
     assert len(keys) == len(set(keys)), "an interval was written twice"
-    states = _states(rows)
+    states = compose_states(rows)
     expected = {**first.at_quiescence, **second.at_quiescence}
     tables = {**first.tables, **second.tables}
     # At every quiescence point of every domain, the changesets written up to it give
@@ -124,7 +104,7 @@ def test_a_stream_through_a_baseline(spark: Any, tmp_path: Path) -> None:
         query.processAllAvailable()
     finally:
         query.stop()
-    states = _states(spark.read.parquet(out).collect())
+    states = compose_states(spark.read.parquet(out).collect())
     b = based.baseline_domain
     last = max(e for d, e in states if d == b)
     own = {c: v for c, v in based.final.items() if c[0] in ("t", "u")}
