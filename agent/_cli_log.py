@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from agent._cli_progress import Progress
@@ -218,17 +219,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from replay import InconsistentLog, collect_log
-    from sinks.codec import CodecError
-    from sinks.wal3 import Wal3Error
+    from replay import collect_log
 
-    try:
-        reader = _open(args)
-        compaction = collect_log(reader.store.store, args.keep_at_least,
-                                 prefix=args.prefix)
-    except (Wal3Error, ValueError, InconsistentLog, CodecError) as exc:
-        print(redact(f"cdc-agent log gc: {type(exc).__name__}: {exc}"), file=sys.stderr)
-        return 1
+    outcome = _open_and_run(args, lambda store: collect_log(store, args.keep_at_least,
+                                                            prefix=args.prefix))
+    if isinstance(outcome, int):
+        return outcome
+    reader, compaction = outcome
     report = compaction.gc
     if report is None:
         print(f"nothing to collect: {_why_nothing(reader, None)}")
@@ -251,6 +248,26 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_and_run(args: argparse.Namespace,
+                  action: Callable[[Any], Any]) -> tuple[Any, Any] | int:
+    """Open the log and run ``action`` on its object store: ``(reader, result)``, or the
+    exit status after saying what failed (2: no log to open, 1: the step failed)."""
+    from replay import InconsistentLog
+    from sinks.codec import CodecError
+    from sinks.wal3 import Wal3Error
+
+    try:
+        reader = _open(args)
+    except (Wal3Error, ValueError) as exc:
+        return _fail_open(args, exc)
+    try:
+        return reader, action(reader.store.store)
+    except (Wal3Error, ValueError, InconsistentLog, CodecError) as exc:
+        print(redact(f"cdc-agent log {args.log_command}: {type(exc).__name__}: {exc}"),
+              file=sys.stderr)
+        return 1
+
+
 def _checkpoint(args: argparse.Namespace) -> int:
     return _state_command(args, "checkpoint")
 
@@ -260,19 +277,14 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _state_command(args: argparse.Namespace, what: str) -> int:
-    from replay import InconsistentLog, checkpoint_log, compact_log
-    from sinks.codec import CodecError
-    from sinks.wal3 import Wal3Error
+    from replay import checkpoint_log, compact_log
 
-    try:
-        reader = _open(args)
-        if what == "checkpoint":
-            report = checkpoint_log(reader.store.store, args.at, prefix=args.prefix)
-        else:
-            report = compact_log(reader.store.store, prefix=args.prefix)
-    except (Wal3Error, ValueError, InconsistentLog, CodecError) as exc:
-        print(redact(f"cdc-agent log {what}: {type(exc).__name__}: {exc}"), file=sys.stderr)
-        return 1
+    outcome = _open_and_run(args, lambda store: (
+        checkpoint_log(store, args.at, prefix=args.prefix) if what == "checkpoint"
+        else compact_log(store, prefix=args.prefix)))
+    if isinstance(outcome, int):
+        return outcome
+    report = outcome[1]
     print(f"retained points   {report.points}")
     print(f"checkpoint cells  {report.checkpoint_cells:,}")
     if report.stripe_cells:

@@ -80,6 +80,9 @@ def test_missing_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (tmp_path / "afile").write_bytes(b"")
     assert main(["log", "verify", f"file://{tmp_path / 'afile'}"]) == 2
     assert "afile is not a directory" in capsys.readouterr().err
+    for action in ("gc", "checkpoint", "compact"):  # the state commands say it alike
+        assert main(["log", action, f"file://{tmp_path / 'nothing'}"]) == 2
+        assert "nothing does not exist" in capsys.readouterr().err
     assert not (tmp_path / "nothing").exists()
     (tmp_path / "empty").mkdir()
     assert main(["log", "scrub", f"file://{tmp_path / 'empty'}"]) == 2
