@@ -539,6 +539,8 @@ class Assembler:
 
     def _advance(self, domain: _Domain) -> Changeset | None:
         """Apply the next quiescent interval of ``domain`` if all its epochs are here."""
+        if domain.tail and not _interval_held(domain):
+            return None  # (keeps the tail as columns: reading ``epochs`` would expand it)
         interval = self._next_interval(domain)
         if interval is None:
             return None
@@ -797,6 +799,23 @@ def _identity_conflict(domain: _Domain, data: pa.Table, row: int) -> Inconsisten
     return InconsistentLog(
         f"two different events share the identity (batch {batch:#x}, seq {seq})",
         domain_id=domain.domain_id)
+
+
+def _interval_held(domain: _Domain) -> bool:
+    """Whether every epoch of ``domain``'s next interval is held."""
+    seq = domain.applied_seq + 1
+    records = domain.records
+    while (record := records.get(seq)) is not None:
+        if record.quiescent:
+            return True
+        seq += 1
+    for piece in domain.tail:
+        if piece.first != seq:
+            return False
+        if piece.columns.quiescent.any():
+            return True
+        seq = piece.last + 1
+    return False
 
 
 def _drop_applied(domain: _Domain, last_seq: int) -> None:
