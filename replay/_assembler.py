@@ -387,8 +387,12 @@ class Assembler:
         """Raise if a quiescence point was seen but an epoch before it never came.
 
         A log may end in the middle of an interval (its tail is still being written);
-        it may not skip an epoch.
+        it may not skip an epoch. A fault held back while the changesets before it were
+        handed out is raised first.
         """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
         self._baselines.check_held(self)
         for domain in self._domains.values():
             waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]

@@ -257,6 +257,28 @@ def test_epoch_runs_equal_their_records_one_at_a_time(
         assert want[1] is None and want[0]
 
 
+@pytest.mark.parametrize("which", range(4))
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
+def test_a_sound_log_of_runs_never_expands_a_run(
+        runs: list[Run], which: int, seed: int, drain_every: int | None) -> None:
+    """Undamaged, every run is verified from its columns: no ``EpochRecord`` is built
+    (a run expanded would mean the one-interval path took over, slowly)."""
+    import replay._assembler as assembler_module
+
+    items = _as_runs(runs[which].items, random.Random(seed))
+    want = _streamed(_expanded(items))
+
+    def refuse(self: EpochRun) -> list[EpochRecord]:
+        raise AssertionError("a run was expanded into records")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EpochRun, "records", refuse)
+        if drain_every is not None:
+            patch.setattr(assembler_module, "_BULK_EVENTS", drain_every)
+        assert _bulk(items) == want
+
+
 def _values() -> st.SearchStrategy[bytes]:
     return st.sampled_from([b"", b"\x02a", b"\x02b", b"\x02c", b"\x00"])
 
@@ -344,3 +366,26 @@ def test_segment_digest_array_matches_the_layout(
     # The same items from Python rows (a Kafka partition's few events), no Arrow.
     rows_py = [tuple(r.values()) for r in data.to_pylist()]
     assert codec.row_segment_digests(rows_py) == [d for *_, d in want]
+
+
+def test_read_log_runs_replays_like_its_records() -> None:
+    """``read_log(runs=True)`` yields each EPOCHS message as its ``EpochRun`` (the agent
+    writes runs to a wal3 log), and the assembler gives from it the changesets it gives
+    from the records one by one."""
+    from agent import Agent, MemoryStore
+    from sinks.wal3 import Wal3Sink, read_log
+
+    uri = "memory://read-log-runs"
+    agent = Agent(MemoryStore(), Wal3Sink(uri))
+    for i in range(40):
+        with agent.batch():
+            agent.set("t", i % 7, "c", i)
+            agent.set("u", i % 3, "d", -0.0 if i % 2 else float("nan"))
+    agent.close()
+    items = list(read_log(uri, runs=True))
+    assert any(isinstance(r, EpochRun) for r in items)
+    assert not any(isinstance(r, EpochRecord) for r in items)
+    want = _bulk(list(read_log(uri)))
+    assert want[1] is None and len(want[0]) >= 40
+    assert _bulk(items) == want
+    assert _streamed(items) == want
