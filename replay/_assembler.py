@@ -362,8 +362,11 @@ class Assembler:
             if finished:
                 break
             yield from self._drain_then_raise()
-        yield from self._drain_then_raise()
-        self.check_gaps()
+        # The usual last (often only) drain, unrolled: one generator frame less per
+        # changeset, which counts when each holds one event.
+        for part in self._drain_parts():
+            yield from part
+        self.check_gaps()  # raises a failure held back behind those changesets first
 
     def replay(self, records: Iterable[ChangeEvent | EpochRecord | EpochRun | EventBatch
                                        | SnapshotChunk | StateDelta]) -> Iterator[Snapshot]:
