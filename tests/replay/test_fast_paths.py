@@ -229,7 +229,7 @@ _RUN_KINDS = [*_KINDS, "repeat run", "overlapping run", "forge run row"]
 
 @pytest.mark.parametrize("kind", _RUN_KINDS)
 @pytest.mark.parametrize("which", range(4))
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
 def test_epoch_runs_equal_their_records_one_at_a_time(
         runs: list[Run], kind: str, which: int, seed: int, drain_every: int | None) -> None:
