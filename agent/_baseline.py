@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agent._agent import QuiescenceTimeout
@@ -113,6 +116,12 @@ class PendingSnapshot:
         self.shipped.set()
 
 
+def _rows_per_table(cells: Sequence[SnapshotCell]) -> Counter[str]:
+    """The rows per table of a chunk's cells (whole rows, in row order: one run each).
+    Counted only for the metrics, outside the hold: per-cell work costs the baseline."""
+    return Counter(table for (table, _row), _run in groupby(cells, key=itemgetter(0, 1)))
+
+
 def _lister(store: object) -> Callable[[Bound | None, int], Any]:
     lister = getattr(store, "list_cells", None)
     if lister is None:
@@ -138,7 +147,7 @@ class _Run:
         self.cells = 0
         self.longest_hold = 0.0
         self.started = time.perf_counter()
-        self.rows: dict[str, set[object]] = {}  # the last chunk's rows, per table
+        self.last_cells: Sequence[SnapshotCell] = ()  # for the metrics, after the hold
         self.tables: set[str] = set()
 
     def record(self, point: tuple[int, int], chunk: CellChunk, held_since: float) -> bool:
@@ -153,19 +162,17 @@ class _Run:
         self.start = chunk.next
         self.last = SnapshotProgress(self.baseline_id, len(self.pending), self.cells,
                                      chunk.next, hold)
-        self.rows = {}
-        for table, row, _column, _value in chunk.cells:
-            self.rows.setdefault(table, set()).add(row)
+        self.last_cells = chunk.cells
         return chunk.next is None
 
     def notify(self) -> None:
         """Report progress (after writers were let go again): to ``progress`` and to
         the agent's metrics (``cdc_snapshot_rows`` per table, done at the end)."""
         report_rows = getattr(self.agent, "_snapshot_progress", None)
-        if report_rows is not None:
-            for table, rows in self.rows.items():
+        if report_rows is not None and getattr(self.agent, "metrics", None) is not None:
+            for table, rows in _rows_per_table(self.last_cells).items():
                 self.tables.add(table)
-                report_rows(table, len(rows))
+                report_rows(table, rows)
             if self.last.rows_done_until is None:
                 for table in self.tables:
                     report_rows(table, 0, done=True)
