@@ -162,19 +162,20 @@ def split_rows(cells: Sequence[SnapshotCell], max_bytes: int) -> list[list[Snaps
     """``cells`` in row order, cut into runs of whole rows of at most ``max_bytes``
     encoded bytes each (a row larger than that is a run of its own)."""
     ordered = sorted(cells, key=lambda c: row_order(c[0], c[1]))  # stable: rows stay whole
+    rows: list[tuple[list[SnapshotCell], int]] = []
+    for _row, run in groupby(ordered, key=itemgetter(0, 1)):
+        row_cells = list(run)
+        rows.append((row_cells, sum(
+            _CELL_OVERHEAD + len(t.encode()) + len(encode_key(r)) + len(c.encode())
+            + len(encode_value(v)) for t, r, c, v in row_cells)))
     pieces: list[list[SnapshotCell]] = [[]]
     size = 0
-    row: tuple[str, RowKey] | None = None
-    for cell in ordered:
-        cost = (_CELL_OVERHEAD + len(cell[0].encode()) + len(encode_key(cell[1]))
-                + len(cell[2].encode()) + len(encode_value(cell[3])))
-        starts_row = cell[:2] != row
-        if starts_row and pieces[-1] and size + cost > max_bytes:
+    for row_cells, cost in rows:
+        if pieces[-1] and size + cost > max_bytes:
             pieces.append([])
             size = 0
-        pieces[-1].append(cell)
+        pieces[-1].extend(row_cells)
         size += cost
-        row = (cell[0], cell[1])
     return pieces
 
 
