@@ -260,13 +260,14 @@ class KafkaSink:
         size = len(message.value or b"") + sum(len(raw) for _name, raw in message.headers)
         if size > self.message_max_bytes:
             reason = (f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} is "
-                      f"{size} bytes, more than message.max.bytes ({self.message_max_bytes}): "
-                      "one row's cells are larger than that")
+                      f"{size} bytes, more than message.max.bytes ({self.message_max_bytes}) "
+                      "(the agent cuts chunks to snapshot_max_bytes, but not within a row, "
+                      "nor the sidecar's)")
             self._failures.append((self.topic, SNAPSHOT_PARTITION, reason))
             raise KafkaDeliveryError(
                 f"{reason}; nothing of it was sent and the sink accepts nothing more; raise "
                 "message.max.bytes (the producer's config and the topic's "
-                "max.message.bytes) above the largest row")
+                "max.message.bytes) above the largest row, or lower chunk_rows")
         self._produce_one(self.topic, message.value, message.key, message.partition,
                           message.headers or None)
         for row in message.rows:  # Debezium: the chunk's cells as op "r" records
