@@ -4,6 +4,7 @@ from nothing rebuilds the store."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -82,7 +83,7 @@ def test_chunks_fit_the_sink_and_a_consumer_rebuilds_the_store(
     assert report.cells == sum(len(c) for c in chunks)
     assert chunks[0].lo is None and chunks[-1].hi is None and chunks[-1].last
     assert not any(c.last for c in chunks[:-1])
-    for before, after in zip(chunks, chunks[1:], strict=False):
+    for before, after in itertools.pairwise(chunks):
         assert after.lo == before.hi
     for chunk in chunks:
         assert chunk.data.nbytes <= max_bytes or len(_rows(chunk)) == 1, chunk.index

@@ -3,6 +3,7 @@ decoder refusing anything else with a CodecError."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
@@ -71,10 +72,8 @@ def test_a_nan_payload_survives() -> None:
         st.sampled_from(["op", "before", "after", "source", "table", "row", "column", "a"]),
         inner, max_size=4), max_leaves=12).map(lambda o: json.dumps(o).encode()))
 def test_fuzz_read_decoder_only_raises_codec_error(raw: bytes) -> None:
-    try:
+    with contextlib.suppress(CodecError):
         decode_debezium_read(raw)
-    except CodecError:
-        pass
 
 
 def test_change_events_are_not_read_records() -> None:
