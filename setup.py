@@ -35,6 +35,6 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[Extension("sequencer._native", ["sequencer/_native.c"],
-                           extra_compile_args=["-O2", "-std=c11"], optional=True)],
+                           extra_compile_args=["-O3", "-std=c11"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

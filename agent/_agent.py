@@ -323,7 +323,9 @@ class _Capture:
     def _finish(self, ticket: BatchTicket, seq_start: int, events: list[PendingEvent]) -> None:
         """Close the batch of ``ticket`` whose last segment is ``events``."""
         total = seq_start + len(events)
-        with self._cond:
+        cond = self._cond
+        cond.acquire()  # the lock's own C method: ``with`` on a Condition costs a frame
+        try:
             closed = self._sequencer.close_batch(ticket, self._clock_ns(), self._next_id(),
                                                  total)
             # One queue item: the last segment and the epochs it ended, in log order.
@@ -335,6 +337,8 @@ class _Capture:
                 stats["epochs"] += len(closed)
                 if closed[-1].quiescent:
                     self._quiesced(closed[-1])
+        finally:
+            cond.release()
 
     def _quiesced(self, marker: EpochClosed) -> None:
         """Under the lock: the sequencer just quiesced at ``marker``."""

@@ -8,15 +8,17 @@ equal on random histories); the C ones only cost less per write batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
+import numpy as np
 import structlog
 
 from sequencer import EpochSequencer, MonotonicIds
 from sequencer._accel import NATIVE, NATIVE_ERROR
 
-__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer"]
+__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
+           "transpose"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -56,3 +58,27 @@ def new_sequencer(domain_id: int, *, now_ns: int,
             domain_id, now_ns=now_ns, max_quiescence_interval_ns=max_quiescence_interval_ns)
     return EpochSequencer(domain_id, now_ns=now_ns,
                           max_quiescence_interval_ns=max_quiescence_interval_ns)
+
+
+def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
+    """The columns of ``rows`` (each a tuple of ``width`` items), as lists: what
+    ``zip(*rows, strict=True)`` gives, but ``width`` lists even for no rows."""
+    if rows and (set(map(len, rows)) != {width}
+                 or not all(isinstance(row, tuple) for row in rows)):
+        bad = next(i for i, row in enumerate(rows)
+                   if not isinstance(row, tuple) or len(row) != width)
+        raise ValueError(f"row {bad} is not a tuple of {width} items")
+    return tuple([row[k] for row in rows] for k in range(width))
+
+
+Transpose = Callable[[list[Any], int], tuple[list[Any], ...]]
+DigestSlices = Callable[[bytes, np.ndarray], bytes]
+
+
+def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
+    """The shipper's per-shipment helpers: ``transpose`` (C, or the Python above) and
+    ``sha3_slices`` for ``sinks.codec.segment_digest_array`` (C, or None: hashlib)."""
+    if native_in_use():
+        assert NATIVE is not None
+        return NATIVE.transpose, NATIVE.sha3_slices
+    return transpose, None

@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define CLEARED (~(uint64_t)0x7F)
 #define HALF ((uint64_t)1 << 63)
@@ -585,9 +586,196 @@ static PyTypeObject SeqType = {
     .tp_getset = Seq_getset,
 };
 
+
+/* ---- helpers for the shipper: columns of tuples, SHA3 of many slices ------------------ */
+
+static PyObject *
+transpose(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "transpose(rows: list[tuple], width: int)");
+        return NULL;
+    }
+    PyObject *rows = args[0];
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]);
+    if (width == -1 && PyErr_Occurred())
+        return NULL;
+    if (width < 0) {
+        PyErr_SetString(PyExc_ValueError, "width must be >= 0");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *result = PyTuple_New(width);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < width; k++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(result, k, column);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+            PyErr_Format(PyExc_ValueError, "row %zd is not a tuple of %zd items", i, width);
+            Py_DECREF(result);
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < width; k++)
+            PyList_SET_ITEM(PyTuple_GET_ITEM(result, k), i,
+                            Py_NewRef(PyTuple_GET_ITEM(row, k)));
+    }
+    return result;
+}
+
+/* Keccak-f[1600] and SHA3-256 (FIPS 202), for the setsum's per-segment digests. */
+static const uint64_t KECCAK_RC[24] = {
+    0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808AULL,
+    0x8000000080008000ULL, 0x000000000000808BULL, 0x0000000080000001ULL,
+    0x8000000080008081ULL, 0x8000000000008009ULL, 0x000000000000008AULL,
+    0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000AULL,
+    0x000000008000808BULL, 0x800000000000008BULL, 0x8000000000008089ULL,
+    0x8000000000008003ULL, 0x8000000000008002ULL, 0x8000000000000080ULL,
+    0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
+    0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
+};
+/* Rotation of lane x + 5y. */
+static const unsigned KECCAK_ROT[25] = {
+    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
+    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
+};
+
+static inline uint64_t
+rol64(uint64_t v, unsigned n)
+{
+    return n ? (v << n) | (v >> (64 - n)) : v;
+}
+
+static void
+keccak_f1600(uint64_t a[25])
+{
+    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
+    static const unsigned char PI[25] = {
+        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
+        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
+    };
+    uint64_t b[25], c[5], d[5];
+    for (int round = 0; round < 24; round++) {
+        for (int x = 0; x < 5; x++)  /* theta */
+            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+        d[0] = c[4] ^ rol64(c[1], 1);
+        d[1] = c[0] ^ rol64(c[2], 1);
+        d[2] = c[1] ^ rol64(c[3], 1);
+        d[3] = c[2] ^ rol64(c[4], 1);
+        d[4] = c[3] ^ rol64(c[0], 1);
+        for (int y = 0; y < 25; y += 5)
+            for (int x = 0; x < 5; x++)
+                a[y + x] ^= d[x];
+        for (int i = 0; i < 25; i++)  /* rho and pi */
+            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
+        for (int y = 0; y < 25; y += 5) {  /* chi */
+            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
+            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
+            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
+            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
+            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
+        }
+        a[0] ^= KECCAK_RC[round];  /* iota */
+    }
+}
+
+#define SHA3_256_RATE 136
+
+static uint64_t
+load64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void
+sha3_256(const unsigned char *data, size_t len, unsigned char out[32])
+{
+    uint64_t a[25] = {0};
+    while (len >= SHA3_256_RATE) {
+        for (int i = 0; i < SHA3_256_RATE / 8; i++)
+            a[i] ^= load64(data + 8 * i);
+        keccak_f1600(a);
+        data += SHA3_256_RATE;
+        len -= SHA3_256_RATE;
+    }
+    unsigned char block[SHA3_256_RATE] = {0};
+    memcpy(block, data, len);
+    block[len] ^= 0x06;  /* the SHA3 domain bits and the first padding bit */
+    block[SHA3_256_RATE - 1] ^= 0x80;
+    for (int i = 0; i < SHA3_256_RATE / 8; i++)
+        a[i] ^= load64(block + 8 * i);
+    keccak_f1600(a);
+    for (int i = 0; i < 32; i++)
+        out[i] = (unsigned char)(a[i / 8] >> (8 * (i % 8)));
+}
+
+static PyObject *
+sha3_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sha3_slices(body, bounds)");
+        return NULL;
+    }
+    Py_buffer body, bounds;
+    if (PyObject_GetBuffer(args[0], &body, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &bounds, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&body);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const char *fmt = bounds.format ? bounds.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    if (bounds.itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "bounds must be a contiguous int64 array");
+        goto done;
+    }
+    Py_ssize_t count = bounds.len / 8 - 1;
+    if (count < 0)
+        count = 0;
+    const int64_t *at = (const int64_t *)bounds.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at[i] < 0 || at[i] > at[i + 1] || at[i + 1] > body.len) {
+            PyErr_Format(PyExc_ValueError, "slice %zd [%lld, %lld) is not inside the body "
+                         "of %zd bytes", i, (long long)at[i], (long long)at[i + 1], body.len);
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * count);
+    if (out == NULL)
+        goto done;
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *data = (const unsigned char *)body.buf;
+    /* The buffers are held: writers may run meanwhile (the shipper's largest step). */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        sha3_256(data + at[i], (size_t)(at[i + 1] - at[i]), digests + 32 * i);
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&bounds);
+    return out;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
+    {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
+     "transpose(rows, width): the columns of a list of width-tuples, as a tuple of lists."},
+    {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
+     "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
+     "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},

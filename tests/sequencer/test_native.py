@@ -216,3 +216,44 @@ def test_a_missing_extension_warns_once_and_falls_back(
         assert type(choice.new_ids(lambda: 0, lambda: 0)) is MonotonicIds
     warnings = [e for e in logs if e["event"] == "cdc.native_unavailable"]
     assert len(warnings) == 1 and warnings[0]["error"] == "ImportError: not built"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=400), max_size=40))
+@example([b"", b"x" * 135, b"y" * 136, b"z" * 137, b"w" * 272])  # the block edges
+def test_native_sha3_slices_equal_hashlib(items: list[bytes]) -> None:
+    """Every slice's digest is hashlib's SHA3-256, across the 136-byte block edges."""
+    import hashlib
+
+    import numpy as np
+
+    bounds = np.cumsum([0] + [len(i) for i in items]).astype(np.int64)
+    digests = native().sha3_slices(b"".join(items), bounds)
+    assert digests == b"".join(hashlib.sha3_256(i).digest() for i in items)
+
+
+def test_native_sha3_slices_refuse_bounds_outside_the_body() -> None:
+    import numpy as np
+
+    with pytest.raises(ValueError, match="not inside"):
+        native().sha3_slices(b"abc", np.array([0, 4], np.int64))
+    with pytest.raises(TypeError, match="int64"):
+        native().sha3_slices(b"abc", np.array([0, 3], np.int32))
+
+
+rows_of = st.integers(0, 6).flatmap(lambda width: st.tuples(
+    st.just(width), st.lists(st.tuples(*[st.integers() | st.text(max_size=3)] * width),
+                             max_size=30)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_of)
+def test_native_transpose_equals_the_python_one(case: tuple[int, list[tuple[Any, ...]]]) -> None:
+    width, rows = case
+    assert native().transpose(rows, width) == choice.transpose(rows, width)
+    if rows and width:
+        assert list(zip(*native().transpose(rows, width), strict=True)) == rows
+    bad = [*rows, (1,) * (width + 1)]
+    for impl in (native().transpose, choice.transpose):
+        with pytest.raises(ValueError, match=f"row {len(rows)} is not a tuple"):
+            impl(bad, width)
