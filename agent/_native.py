@@ -14,8 +14,8 @@ from typing import Any, Final
 import numpy as np
 import structlog
 
+import sequencer
 from sequencer import EpochSequencer, MonotonicIds
-from sequencer._accel import NATIVE, NATIVE_ERROR
 
 __all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
            "transpose"]
@@ -31,10 +31,10 @@ def native_in_use() -> bool:
     global _warned
     if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if NATIVE is None:
+    if sequencer.NATIVE is None:
         if not _warned:  # once per process: the install is fine, only slower
             _warned = True
-            log.warning("cdc.native_unavailable", error=NATIVE_ERROR,
+            log.warning("cdc.native_unavailable", error=sequencer.NATIVE_ERROR,
                         fallback="pure-Python sequencer (slower per write batch)",
                         hint="reinstall with a C compiler and the Python headers")
         return False
@@ -44,8 +44,8 @@ def native_in_use() -> bool:
 def new_ids(boottime_ns: Callable[[], int], realtime_ns: Callable[[], int]) -> MonotonicIds:
     """A ``MonotonicIds`` (or its C twin) over these clocks."""
     if native_in_use():
-        assert NATIVE is not None
-        return NATIVE.MonotonicIds(boottime_ns, realtime_ns)  # type: ignore[no-any-return]
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.MonotonicIds(boottime_ns, realtime_ns)  # type: ignore[no-any-return]
     return MonotonicIds(boottime_ns, realtime_ns)
 
 
@@ -53,8 +53,8 @@ def new_sequencer(domain_id: int, *, now_ns: int,
                   max_quiescence_interval_ns: int | None = None) -> EpochSequencer:
     """An ``EpochSequencer`` (or its C twin)."""
     if native_in_use():
-        assert NATIVE is not None
-        return NATIVE.EpochSequencer(  # type: ignore[no-any-return]
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.EpochSequencer(  # type: ignore[no-any-return]
             domain_id, now_ns=now_ns, max_quiescence_interval_ns=max_quiescence_interval_ns)
     return EpochSequencer(domain_id, now_ns=now_ns,
                           max_quiescence_interval_ns=max_quiescence_interval_ns)
@@ -79,6 +79,6 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
     """The shipper's per-shipment helpers: ``transpose`` (C, or the Python above) and
     ``sha3_slices`` for ``sinks.codec.segment_digest_array`` (C, or None: hashlib)."""
     if native_in_use():
-        assert NATIVE is not None
-        return NATIVE.transpose, NATIVE.sha3_slices
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
     return transpose, None

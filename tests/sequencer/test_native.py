@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import sequencer
 from agent import _native as choice
 from sequencer import EpochSequencer, MonotonicIds, SequencerError
 from tests.sequencer._impls import native
@@ -208,8 +209,8 @@ def test_a_missing_extension_warns_once_and_falls_back(
     from structlog.testing import capture_logs
 
     monkeypatch.delenv(choice.ENV_VAR, raising=False)
-    monkeypatch.setattr(choice, "NATIVE", None)
-    monkeypatch.setattr(choice, "NATIVE_ERROR", "ImportError: not built")
+    monkeypatch.setattr(sequencer, "NATIVE", None)
+    monkeypatch.setattr(sequencer, "NATIVE_ERROR", "ImportError: not built")
     monkeypatch.setattr(choice, "_warned", False)
     with capture_logs() as logs:
         assert type(choice.new_sequencer(1, now_ns=0)) is EpochSequencer
