@@ -252,10 +252,8 @@ class Shipper:
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
             time.sleep(self._linger)
-        taken: list[object] = []
-        popleft = items.popleft
-        while items and len(taken) < _DRAIN_MAX:
-            taken.append(popleft())
+        popleft = items.popleft  # only this thread takes items: len() stays a lower bound
+        taken = [popleft() for _ in range(min(len(items), _DRAIN_MAX))]
         with self._drained:
             self._drained.notify_all()
         return taken

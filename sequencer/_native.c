@@ -61,6 +61,10 @@ make_tuple(PyObject *type, Py_ssize_t n, PyObject **items)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++)
         PyTuple_SET_ITEM(result, i, items[i]);
+    /* Only ints and bools inside: no cycle can pass through it. CPython's collector
+     * would untrack such a tuple at its first pass; untracking now spares it that. */
+    if (PyObject_GC_IsTracked(result))
+        PyObject_GC_UnTrack(result);
     return result;
 fail:
     for (Py_ssize_t i = 0; i < n; i++)
