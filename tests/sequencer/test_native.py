@@ -258,3 +258,28 @@ def test_native_transpose_equals_the_python_one(case: tuple[int, list[tuple[Any,
     for impl in (native().transpose, choice.transpose):
         with pytest.raises(ValueError, match=f"row {len(rows)} is not a tuple"):
             impl(bad, width)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["t", "users", "é"]),
+                                   st.integers(-5, 5) | st.text(max_size=4),
+                                   st.sampled_from(["a", "b"]),
+                                   st.integers(-9, 9) | st.text(max_size=8) | st.none(),
+                                   st.integers(-(1 << 63), (1 << 63) - 1) | st.binary(max_size=9)),
+                         min_size=1, max_size=3), min_size=40, max_size=120))
+def test_the_shippers_native_helpers_give_the_same_arrow_and_digests(
+        segments: list[list[tuple[Any, ...]]]) -> None:
+    """Many small segments (automatic batches, the gathered-items branch): the shipper's
+    Arrow batch and every segment digest are the same with the C helpers as without."""
+    from agent._shipper import _to_arrow
+    from sinks.codec import segment_digest_array
+
+    items: list[Any] = [(1000 + 128 * k, k, 0, events, []) for k, events in enumerate(segments)]
+    python_data, python_lengths = _to_arrow(99, items, choice.transpose)
+    native_data, native_lengths = _to_arrow(99, items, native().transpose)
+    assert native_data.equals(python_data)
+    assert list(native_lengths) == list(python_lengths)
+    starts, digests = segment_digest_array(python_data)
+    assert len(starts) == len(segments)
+    native_starts, native_digests = segment_digest_array(native_data, native().sha3_slices)
+    assert list(native_starts) == list(starts) and native_digests == digests
