@@ -340,13 +340,16 @@ def _deltas(points: list[int], captures: list[Captured], spans: list[_Span], fir
     for point, cap, span, attribution in zip(points, captures, spans, attributions,
                                              strict=True):
         carry = tuple(sorted((k, v, b) for k, (v, b) in cap.carry.items()))
-        extra: dict[str, Any] = {"carry": carry, "baseline": cap.baseline}
+        extra: dict[str, Any] = {
+            "carry": carry, "baseline": cap.baseline,
+            "domain_order": cap.domains if list(cap.domains) != sorted(cap.domains) else ()}
         if previous is None:
             keys = sorted(cap.state)
             values = [cap.state[k] for k in keys]
             befores = [b""] * len(keys)
             kind, before = "checkpoint", ""
-        elif len(attribution.order) <= 1 and not (previous.carry or carry or cap.baseline):
+        elif len(attribution.order) <= 1 and not (previous.carry or carry or cap.baseline
+                                                  or extra["domain_order"]):
             # Version 1: the net change of each cell (one domain moved, or none).
             old_state, new_state = previous.state, cap.state
             keys = sorted(k for k in old_state.keys() | new_state.keys()

@@ -63,6 +63,7 @@ class Captured:
     # Baseline chunk changes not handed out yet: cell -> (state value, value shown).
     carry: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)
     baseline: str = ""  # the baseline bookkeeping (compact JSON; "" when there is none)
+    domains: tuple[int, ...] = ()  # the order the reader met its domains
 
     def view(self) -> dict[bytes, bytes]:
         """The state as the changesets handed out so far show it (carry undone)."""
@@ -125,7 +126,7 @@ def capture(asm: Assembler, offset: int) -> Captured:
         if track is not None:
             carried += [encode_snapshot(c) for c in track.pending]
     return Captured(dict(asm._state), frontier_of(asm), tuple(carried), baselines.trusted,
-                    dict(baselines.carry), _baseline_text(asm))
+                    dict(baselines.carry), _baseline_text(asm), tuple(asm._domains))
 
 
 def _baseline_text(asm: Assembler) -> str:
@@ -266,6 +267,10 @@ def _enter(asm: Assembler, delta: StateDelta, current: Points, after: Points
     for track in asm._baselines._tracks.values():
         track.pending = []
     asm._pending_events = 0
+    if delta.domain_order:  # changesets go out in the order the domains were met
+        domains = asm._domains
+        asm._domains = {d: domains.get(d) or _Domain(d) for d in delta.domain_order}
+        asm._domains.update((d, v) for d, v in domains.items() if d not in asm._domains)
     for domain_id, (seq, end) in after.items():
         if domain_id not in asm._domains:
             asm._domains[domain_id] = _Domain(domain_id)

@@ -33,7 +33,9 @@ can express is written, byte for byte, as before; this reader reads both):
   changesets last showed). A stripe's role-0 rows then move the *changeset view* (the
   state with carried cells at their ``before``), which the state follows;
 - header ``baseline``: the bookkeeping of a baseline a fresh consumer is still
-  applying at ``hi`` (``replay._resume`` writes and reads it).
+  applying at ``hi`` (``replay._resume`` writes and reads it);
+- header ``domain_order``: the order a reader of the log met its domains (the order
+  it hands out their changesets in), when that is not ascending.
 
 The header holds ``lo`` and ``hi`` (the retained points it goes from and to; a
 checkpoint's ``lo`` is the log's first offset), ``before`` and ``after`` (frontier
@@ -192,6 +194,7 @@ class StateDelta:
     order: tuple[tuple[int, int], ...] = ()  # (domain, events) in changeset order
     carry: tuple[tuple[bytes, bytes, bytes], ...] = ()  # (cell, state value, before)
     baseline: str = ""  # compact JSON (replay._resume)
+    domain_order: tuple[int, ...] = ()  # the order a reader met the domains, if not sorted
 
     def __post_init__(self) -> None:
         if not self.cells_setsum:
@@ -199,7 +202,8 @@ class StateDelta:
 
     @property
     def version(self) -> int:
-        return 2 if self.domains or self.order or self.carry or self.baseline else 1
+        return 2 if (self.domains or self.order or self.carry or self.baseline
+                     or self.domain_order) else 1
 
     def compute_cells_setsum(self) -> Setsum:
         if self.version == 1:
@@ -224,6 +228,7 @@ class StateDelta:
             head["order"] = [[d, n] for d, n in self.order]
             head["carry_cells"] = len(self.carry)
             head["baseline"] = self.baseline
+            head["domain_order"] = list(self.domain_order)
         return head
 
     def rows_of(self, domain_id: int | None) -> list[int]:
@@ -314,6 +319,7 @@ def decode_state(data: bytes, what: str = "state object") -> StateDelta:
                 raise ValueError("a row's domain is not in the header's order")
             extra = {"domains": tuple(domains[:n]) if kind == "stripe" else (),
                      "order": order, "baseline": _text(header["baseline"]),
+                     "domain_order": tuple(_int(d) for d in header["domain_order"]),
                      "carry": tuple(zip(keys[n:], values[n:], befores[n:], strict=True))}
             if _int(header["carry_cells"]) != len(keys) - n:
                 raise ValueError("carry_cells does not match the carry rows")
