@@ -227,6 +227,8 @@ def apply_state(asm: Assembler, delta: StateDelta) -> list[Changeset]:
     holds_before = all(view.get(k, b"") == b for k, b in first.items())
     if current == before and holds_before:
         return _enter(asm, delta, current, after)
+    if _between(delta, current, before, after, view):
+        return _enter(asm, delta, current, after)
     past = all(d in current and current[d][0] >= s for d, (s, _e) in after.items())
     if past and (current != before or all(view.get(k, b"") == v for k, v in last.items())):
         return []
@@ -235,6 +237,34 @@ def apply_state(asm: Assembler, delta: StateDelta) -> list[Changeset]:
         f"point of this compacted log: the stripe it reached goes from offset {delta.lo} "
         f"(frontier {delta.before or 'the start'}) to offset {delta.hi} (frontier "
         f"{delta.after}); resume from one of those retained points")
+
+
+def _between(delta: StateDelta, current: Points, before: Points, after: Points,
+             view: dict[bytes, bytes]) -> bool:
+    """True if the consumer applied this stripe's changesets of its first few domains
+    (version 2, in order) and stored that: a replica that crashed between them. It then
+    gets the others' changesets."""
+    if not delta.order:
+        return False
+    ordered = [d for d, _n in delta.order]
+    done = 0
+    while done < len(ordered) and current.get(ordered[done]) == after.get(ordered[done]):
+        done += 1
+    if done in (0, len(ordered)):
+        return False
+    for domain_id in set(after) | set(before) | set(current):
+        want = after if domain_id in ordered[:done] else before
+        if current.get(domain_id) != want.get(domain_id):
+            return False
+    applied = set(ordered[:done])
+    expected: dict[bytes, bytes] = {}
+    for key, value, was, domain_id in zip(delta.keys, delta.values, delta.befores,
+                                          delta.domains, strict=True):
+        if domain_id in applied:
+            expected[key] = value
+        else:
+            expected.setdefault(key, was)
+    return all(view.get(k, b"") == v for k, v in expected.items())
 
 
 def _enter(asm: Assembler, delta: StateDelta, current: Points, after: Points
@@ -295,7 +325,7 @@ def _enter(asm: Assembler, delta: StateDelta, current: Points, after: Points
                 for i, (d, n) in enumerate(zip(moved, counts, strict=True))]
     plan: list[tuple[int, int | None, int]]
     if delta.order:  # version 2: each domain its own cells, in the log's order
-        ordered = [d for d, _n in delta.order if d in after]
+        ordered = [d for d, _n in delta.order if d in moved]
         events = dict(delta.order)
         ordered += [d for d in moved if d not in ordered]
         plan = [(d, d, events.get(d, 0)) for d in ordered]
