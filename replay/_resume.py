@@ -280,7 +280,8 @@ def _enter(asm: Assembler, delta: StateDelta, current: Points, after: Points
         _put(state, key, value)
     view_keys = list(delta.keys)
     if delta.kind == "checkpoint":
-        view_keys += [k for k, _v, _b in delta.carry if k not in set(delta.keys)]
+        listed = set(delta.keys)
+        view_keys += [k for k, _v, _b in delta.carry if k not in listed]
     shown = {k: state.get(k, b"") for k in view_keys}
     for key, value, was in delta.carry:  # then the chunk changes not shown yet
         shown.setdefault(key, was)
