@@ -124,9 +124,9 @@ def run_wal3(args: argparse.Namespace, out: TextIO | None = None) -> int:
     def starting(delta: Any) -> None:
         check_position_against(delta, applied)
         if delta.kind == "checkpoint":
-            print(f"cdc-agent tail wal3: the log was collected below offset {delta.hi}: "
-                  f"starting from its checkpoint there (frontier {delta.after or 'empty'})",
-                  file=sys.stderr)
+            print(f"cdc-agent tail wal3: the log's first records were collected: starting "
+                  f"from its checkpoint at offset {delta.hi} (frontier "
+                  f"{delta.after or 'empty'})", file=sys.stderr)
 
     polls = wal3_polls(uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
                        follow=not args.until_end, poll=args.poll, on_state=starting)
