@@ -199,29 +199,31 @@ def _prepopulated() -> MemoryStore:
     return MemoryStore(cells)
 
 
-def build_baseline_log(seed: int, chunk_rows: int, before: bool) -> InMemoryObjectStore:
+def build_baseline_log(seed: int, chunk_rows: int, before: bool, batches: int = 8,
+                       records: int = 2) -> InMemoryObjectStore:
     """A store that held data before its agent: (``before``: a round of writes first,
     which a fresh consumer cannot check until the baseline), a baseline taken in small
     chunks while writers run, more rounds, then a second agent's baseline (a trusted
     reader applies its chunks as corrections: carry)."""
     objs = InMemoryObjectStore(f"baseline-{seed}", sleep=no_sleep)
     store = _prepopulated()
-    agent = Agent(store, Wal3Sink(objs, options=WriterOptions(batch_size_records=2)))
+    options = WriterOptions(batch_size_records=records)
+    agent = Agent(store, Wal3Sink(objs, options=options))
     rows = (1, 2, 3, "k", "z")
     if before:
         Workload(threads=1, batches=3, seed=seed, rows=rows).run(agent)
         agent.flush()
-    writers = threading.Thread(target=Workload(threads=2, batches=8, seed=seed + 1,
+    writers = threading.Thread(target=Workload(threads=2, batches=batches, seed=seed + 1,
                                                rows=rows).run, args=(agent,))
     writers.start()
     agent.snapshot(chunk_rows=chunk_rows)
     writers.join()
     agent.flush()
     for r in range(2):
-        Workload(threads=2, batches=3, seed=seed + 2 + r, rows=rows).run(agent)
+        Workload(threads=2, batches=batches // 3 + 1, seed=seed + 2 + r, rows=rows).run(agent)
         agent.flush()
     agent.close()
-    second = Agent(store, Wal3Sink(objs, options=WriterOptions(batch_size_records=2)))
+    second = Agent(store, Wal3Sink(objs, options=options))
     second.snapshot(chunk_rows=chunk_rows)
     Workload(threads=1, batches=3, seed=seed + 5, rows=rows).run(second)
     second.close()
