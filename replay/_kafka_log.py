@@ -241,7 +241,7 @@ class KafkaLog:
                                       f"event message: {exc}") from exc
             self._event(partition, offset, event)
             return []
-        marker = _marker_headers(headers, self._wholes)
+        marker = _marker_headers(headers, self._wholes, partition)
         if marker is not None:
             return self._marker(partition, offset, *marker)
         chunk = _snapshot_chunk(partition, offset, value, headers, self.encoding)
@@ -289,12 +289,15 @@ class KafkaLog:
             self.duplicates += 1
             return
 
-    def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord,
-                raw_whole: bytes) -> list[Changeset]:
+    def _marker(self, partition: int, offset: int, part: EpochRecord | None,
+                whole: EpochRecord, raw_whole: bytes) -> list[Changeset]:
+        """A partition's marker; ``part`` None: its record is the empty share of
+        ``whole`` for this partition (``_marker_headers`` checked its bytes)."""
         domain, seq = whole.domain_id, whole.epoch_seq
-        if (part.domain_id, part.epoch_seq, part.begin_id, part.end_id, part.quiescent) != (
-                domain, seq, whole.begin_id, whole.end_id, whole.quiescent) \
-                or part.stream != partition:
+        if part is not None and ((part.domain_id, part.epoch_seq, part.begin_id, part.end_id,
+                                  part.quiescent) != (domain, seq, whole.begin_id,
+                                                      whole.end_id, whole.quiescent)
+                                 or part.stream != partition):
             raise InconsistentLog(f"partition {partition} offset {offset}: an epoch marker "
                                   f"for stream {part.stream} does not match its epoch",
                                   domain_id=domain, epoch_seq=seq)
@@ -324,7 +327,8 @@ class KafkaLog:
                 f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
                 "epoch markers (and their events) are missing", domain_id=domain,
                 epoch_seq=expected)
-        checked = _check_partition(partition, part, covered)
+        checked = (_check_partition(partition, part, covered) if part is not None
+                   else _check_empty_share(partition, whole, covered))
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
@@ -340,7 +344,8 @@ class KafkaLog:
             epoch.batches.append(checked)
         elif checked:
             epoch.events += checked
-        epoch.counted += part.event_count
+        if part is not None:
+            epoch.counted += part.event_count
         epoch.vouched.add(partition)
         self._open[partition].append((offset, domain, seq, True))
         return self._feed_complete(domain)
@@ -473,18 +478,26 @@ class KafkaLog:
 
 
 def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,
-                    wholes: dict[bytes, EpochRecord]
-                    ) -> tuple[EpochRecord, EpochRecord, bytes] | None:
-    """The marker's partition record, whole record and the whole record's bytes
-    (``wholes``: those already decoded, by their bytes; a new one is added)."""
+                    wholes: dict[bytes, EpochRecord], partition: int
+                    ) -> tuple[EpochRecord | None, EpochRecord, bytes] | None:
+    """The marker's partition record (None: the empty share of the whole record for
+    ``partition``, recognised by its bytes without decoding), whole record and the whole
+    record's bytes (``wholes``: those already decoded, by their bytes; a new one is
+    added)."""
     if not headers:
         return None
-    found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
-    if len(found) != 2:
-        return None
-    raw_whole = bytes(found[HEADER_WHOLE])
+    if (len(headers) == 2 and headers[0][0] == HEADER_PARTITION
+            and headers[1][0] == HEADER_WHOLE):  # as the sink writes them
+        raw_part, raw_whole = headers[0][1], headers[1][1]
+        if raw_part is None or raw_whole is None:
+            return None
+    else:
+        found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
+        if len(found) != 2:
+            return None
+        raw_part, raw_whole = found[HEADER_PARTITION], found[HEADER_WHOLE]
+    raw_whole = bytes(raw_whole)
     try:
-        part = decode(found[HEADER_PARTITION])
         whole: object = wholes.get(raw_whole)
         if whole is None:
             whole = decode(raw_whole)
@@ -492,11 +505,37 @@ def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,
                 if len(wholes) >= _MAX_WHOLES:
                     wholes.clear()  # epochs never completed here (copies): start again
                 wholes[raw_whole] = whole
+        part: object = None
+        if not _is_empty_share(raw_part, raw_whole, partition):
+            part = decode(raw_part)
     except CodecError as exc:
         raise InconsistentLog(f"a corrupt epoch marker: {exc}") from exc
-    if not isinstance(part, EpochRecord) or not isinstance(whole, EpochRecord):
+    if not isinstance(whole, EpochRecord) or not (part is None or isinstance(part, EpochRecord)):
         raise InconsistentLog("an epoch marker header holds events, not an epoch record")
     return part, whole, raw_whole
+
+
+# An EPOCH message (sinks.codec): magic, version and kind (5 bytes), domain, epoch, begin
+# and end (8 each); then count u64, flags u8, stream u32, setsum 32 bytes, n_tables u16.
+_EPOCH_IDS_END: Final = 37
+_EPOCH_FLAGS_AT: Final = 45
+_EMPTY_SHARE_SIZE: Final = 84
+_EMPTY_TAILS: dict[tuple[int, int], bytes] = {}
+
+
+def _is_empty_share(raw_part: bytes, raw_whole: bytes, partition: int) -> bool:
+    """Whether ``raw_part`` is exactly the EPOCH message of ``partition``'s empty share of
+    the whole record ``raw_whole`` (same version and ids, count 0, stream set, zero
+    setsum, no table): the usual marker of a small epoch, checked without decoding."""
+    if (len(raw_part) != _EMPTY_SHARE_SIZE or len(raw_whole) <= _EPOCH_FLAGS_AT
+            or raw_part[:_EPOCH_IDS_END] != raw_whole[:_EPOCH_IDS_END]):
+        return False
+    flags = (raw_whole[_EPOCH_FLAGS_AT] & 1) | 2
+    tail = _EMPTY_TAILS.get((flags, partition))
+    if tail is None:
+        tail = _EMPTY_TAILS[(flags, partition)] = (
+            bytes(8) + bytes((flags,)) + partition.to_bytes(4, "big") + bytes(34))
+    return raw_part[_EPOCH_IDS_END:] == tail
 
 
 def _snapshot_chunk(partition: int, offset: int, value: bytes | None,
@@ -561,6 +600,17 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
             f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
             "altered or lost)", **where)
     return checked
+
+
+def _check_empty_share(partition: int, whole: EpochRecord, events: list[RawEvent]
+                       ) -> list[RawEvent]:
+    """A partition whose marker says it holds no event of the epoch (step 2)."""
+    if events:
+        raise InconsistentLog(
+            f"partition {partition} holds {len(events)} events of this epoch before its "
+            "marker, the marker says 0: foreign events", domain_id=whole.domain_id,
+            epoch_seq=whole.epoch_seq)
+    return events
 
 
 def _batch_and_seq(event: RawEvent) -> tuple[int, int]:
