@@ -207,6 +207,7 @@ class KafkaConsistentConsumer:
         try:
             # Every interval complete so far, verified in one pass.
             out.extend(self.log.drain())
+            failure = self.log.failure or failure  # met in the drain: it comes first
         except InconsistentLog as exc:
             failure = exc  # it comes before anything met while reading on
         if failure is not None:

@@ -31,6 +31,7 @@ from typing import Final
 
 from replay._assembler import Assembler, Changeset
 from replay._errors import InconsistentLog
+from replay._kafka_shares import check_shares
 from replay._position import Frontier, Position
 from sequencer import EpochRecord, id_lt
 from sinks import Setsum
@@ -159,6 +160,8 @@ class _Epoch:
     events: list[RawEvent] = field(default_factory=list)  # small ones, (batch, seq) order
     vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
     counted: int = 0
+    # bulk: shares whose per-table counts and setsum are checked at drain, all at once
+    shares: list[tuple[int, EpochRecord, list[RawEvent]]] = field(default_factory=list)
 
 
 class KafkaLog:
@@ -205,6 +208,10 @@ class KafkaLog:
         # small shares go over as one Arrow batch (building one per share costs more
         # than the share), always before the assembler verifies anything.
         self._ready_events: list[RawEvent] = []
+        # bulk: epochs every partition vouched for (by count), in the order they became
+        # complete, whose shares' per-table counts and setsums are checked together at
+        # drain before any of them reaches the assembler.
+        self._queued: list[_Epoch] = []
         self.duplicates = 0
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
@@ -220,6 +227,12 @@ class KafkaLog:
     def position(self) -> Frontier:
         """The assembler's position: everything up to it was handed out as changesets."""
         return self.assembler.position
+
+    @property
+    def failure(self) -> InconsistentLog | None:
+        """The fault ``drain`` met after the changesets it returned (raised from the next
+        call); it comes before anything fed since."""
+        return self._failure
 
     def seek(self, partition: int, offset: int) -> None:
         """Say where reading ``partition`` starts (the committed offset, or 0)."""
@@ -327,8 +340,13 @@ class KafkaLog:
                 f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
                 "epoch markers (and their events) are missing", domain_id=domain,
                 epoch_seq=expected)
-        checked = (_check_partition(partition, part, covered) if part is not None
-                   else _check_empty_share(partition, whole, covered))
+        checked: EventBatch | list[RawEvent]
+        if part is None:
+            checked = _check_empty_share(partition, whole, covered)
+        elif self._defer and covered:
+            checked = _check_share_count(partition, part, covered)
+        else:
+            checked = _check_partition(partition, part, covered)
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
@@ -343,7 +361,10 @@ class KafkaLog:
         if isinstance(checked, EventBatch):
             epoch.batches.append(checked)
         elif checked:
-            epoch.events += checked
+            if self._defer and part is not None:
+                epoch.shares.append((partition, part, checked))
+            else:
+                epoch.events += checked
         if part is not None:
             epoch.counted += part.event_count
         epoch.vouched.add(partition)
@@ -362,6 +383,7 @@ class KafkaLog:
         # Open until a changeset after its point is handed out (its differences go there).
         self._open[partition].append((offset, domain, seq + 1, True))
         if (fed is None and before_first) or seq == fed:
+            self._release()
             self._flush_events()
             changesets = self.assembler.feed(chunk, defer=self._defer)
             self._hand_out(changesets)
@@ -385,10 +407,14 @@ class KafkaLog:
                     f"says {whole.event_count}", domain_id=domain, epoch_seq=whole.epoch_seq)
             self._fed[domain] = whole.epoch_seq
             self._wholes.pop(epoch.raw_whole, None)
+            chunks = self._chunks.pop((domain, whole.epoch_seq), ())
+            if self._defer and not chunks:
+                self._queued.append(epoch)  # its shares are checked at drain, in bulk
+                continue
+            self._release()
             for batch in epoch.batches:
                 self.assembler.feed(batch)
             self._ready_events += epoch.events
-            chunks = self._chunks.pop((domain, whole.epoch_seq), ())
             if not self._defer or chunks:
                 self._flush_events()  # the assembler verifies now: it needs the events
             changesets = self.assembler.feed(whole, defer=self._defer)
@@ -403,12 +429,45 @@ class KafkaLog:
         the next call raises its ``InconsistentLog``."""
         if self._failure is not None:
             raise self._failure
+        try:
+            self._release()
+        except InconsistentLog as exc:
+            fault: InconsistentLog | None = exc  # the epochs before it were fed
+        else:
+            fault = None
         self._flush_events()
         changesets = self.assembler.drain()
         self._hand_out(changesets)
-        self._failure = self.assembler._failure  # met after good ones: raised next time
+        # Met after good ones: raised next time. The assembler only holds epochs before
+        # a share's fault, so its own fault comes first.
+        self._failure = self.assembler._failure or fault
         self.assembler._failure = None
         return changesets
+
+    def _release(self) -> None:
+        """Check the shares of the queued epochs (bulk: per-table counts and setsums of
+        every partition's share, in one vectorised pass), then feed the assembler, in
+        order, every epoch before the first that fails; raise that one's fault."""
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        shares = [share for epoch in queued for share in epoch.shares]
+        checked = check_shares(shares)
+        fault_at = len(queued)
+        if checked.fault is not None:
+            bad = shares[checked.fault]
+            fault_at = next(i for i, epoch in enumerate(queued) if any(
+                share is bad for share in epoch.shares))
+        good = sum(len(epoch.shares) for epoch in queued[:fault_at])
+        if checked.batch is not None and good:
+            self.assembler.feed(checked.first(good))
+        for epoch in queued[:fault_at]:
+            for batch in epoch.batches:
+                self.assembler.feed(batch)
+            self._ready_events += epoch.events
+            self.assembler.feed(epoch.whole, defer=True)
+        if checked.error is not None:
+            raise checked.error
 
     def _flush_events(self) -> None:
         """Give the assembler the small shares' events waiting, as one batch."""
@@ -600,6 +659,19 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
             f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
             "altered or lost)", **where)
     return checked
+
+
+def _check_share_count(partition: int, part: EpochRecord, events: list[RawEvent]
+                       ) -> list[RawEvent]:
+    """Step 2's count only (bulk: per-table counts and setsums are checked at drain by
+    ``check_shares``, for many shares at once)."""
+    if len(events) != part.event_count:
+        raise InconsistentLog(
+            f"partition {partition} holds {len(events)} events of this epoch before its "
+            f"marker, the marker says {part.event_count}: "
+            + ("events were lost" if len(events) < part.event_count else "foreign events"),
+            domain_id=part.domain_id, epoch_seq=part.epoch_seq)
+    return events
 
 
 def _check_empty_share(partition: int, whole: EpochRecord, events: list[RawEvent]
