@@ -22,6 +22,7 @@ from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
 from replay._position import Frontier, Position
 from sequencer import Value
+from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
 from sinks.kafka import (
     KafkaConfigError,
     KafkaSinkError,
@@ -188,7 +189,8 @@ class KafkaConsistentConsumer:
                           "nothing was handed out; poll again"):
             messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
-        feed = self.log.feed
+        feed, feed_event = self.log.feed, self.log.feed_event
+        magic = EVENT_MAGIC if self.log.encoding == "native" else None
         failure: InconsistentLog | KafkaSinkError | None = None
         try:
             for message in messages:
@@ -200,8 +202,12 @@ class KafkaConsistentConsumer:
                         raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
                     log.warning("kafka_consume_error", error=err.str())
                     continue
-                feed(message.partition(), message.offset(), message.key(), message.value(),
-                     message.headers())
+                value = message.value()
+                if magic is not None and value is not None and value[:3] == magic:
+                    feed_event(message.partition(), message.offset(), value)  # most messages
+                else:
+                    feed(message.partition(), message.offset(), message.key(), value,
+                         message.headers())
         except (InconsistentLog, KafkaSinkError) as exc:
             failure = exc
         try:
