@@ -365,7 +365,7 @@ class KafkaLog:
             epoch = self._epochs[(domain, seq)] = _Epoch(whole, raw_whole)
             if whole.begin_id == 0:  # the domain's first epoch: where feeding starts
                 self._first.setdefault(domain, (domain, seq))
-        elif epoch.whole != whole:
+        elif epoch.raw_whole != raw_whole and epoch.whole != whole:  # bytes first: cheap
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
         if isinstance(checked, EventBatch):
