@@ -47,7 +47,9 @@ from sinks.codec import (
     decode,
     decode_debezium_event,
     encode_key,
+    encode_native_event,
     encode_value,
+    native_event_head,
     raw_events_batch,
     row_segment_digests,
     segment_digests,
@@ -80,7 +82,7 @@ class _PendingBatches:
 
     def __init__(self) -> None:
         self._base: int | None = None
-        self._batches: dict[int, dict[int, RawEvent]] = {}
+        self._batches: dict[int, dict[int, bytes]] = {}  # batch -> seq -> message value
         self._heap: list[int] = []
         self.events = 0
 
@@ -89,21 +91,22 @@ class _PendingBatches:
             self._base = (batch_id - (1 << 63)) % _RING
         return (batch_id - self._base) % _RING
 
-    def add(self, event: RawEvent) -> RawEvent | None:
-        """Keep ``event``; return the event already kept with its identity, if any."""
-        batch = self._batches.get(event.batch_id)
+    def add(self, batch_id: int, seq: int, value: bytes) -> bytes | None:
+        """Keep the event message ``value``; return the one already kept with its
+        identity ``(batch_id, seq)``, if any."""
+        batch = self._batches.get(batch_id)
         if batch is None:
-            batch = self._batches[event.batch_id] = {}
-            heapq.heappush(self._heap, self._rel(event.batch_id))
-        known = batch.get(event.seq)
+            batch = self._batches[batch_id] = {}
+            heapq.heappush(self._heap, self._rel(batch_id))
+        known = batch.get(seq)
         if known is None:
-            batch[event.seq] = event
+            batch[seq] = value
             self.events += 1
         return known
 
-    def take_before(self, end_id: int) -> list[RawEvent]:
-        """Remove and return every event of a batch before ``end_id``."""
-        out: list[RawEvent] = []
+    def take_before(self, end_id: int) -> list[bytes]:
+        """Remove and return every event message of a batch before ``end_id``."""
+        out: list[bytes] = []
         if not self._heap:
             return out
         limit = self._rel(end_id)
@@ -161,7 +164,7 @@ class _Epoch:
     vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
     counted: int = 0
     # bulk: shares whose per-table counts and setsum are checked at drain, all at once
-    shares: list[tuple[int, EpochRecord, list[RawEvent]]] = field(default_factory=list)
+    shares: list[tuple[int, EpochRecord, list[bytes]]] = field(default_factory=list)
 
 
 class KafkaLog:
@@ -261,10 +264,11 @@ class KafkaLog:
             except CodecError as exc:
                 raise InconsistentLog(f"partition {partition} offset {offset} holds a "
                                       f"message that is not a cdc-agent record: {exc}") from exc
-            self._event(partition, offset, RawEvent(
-                change.domain_id, change.batch_id, change.seq, change.table,
-                encode_key(change.row), change.column, encode_value(change.old),
-                encode_value(change.new)))
+            self._event(partition, offset, change.domain_id, change.batch_id, change.seq,
+                        encode_native_event(RawEvent(
+                            change.domain_id, change.batch_id, change.seq, change.table,
+                            encode_key(change.row), change.column, encode_value(change.old),
+                            encode_value(change.new))))
             return []
         raise InconsistentLog(f"partition {partition} offset {offset} holds a message that "
                               f"is not a cdc-agent {self.encoding} record "
@@ -278,19 +282,20 @@ class KafkaLog:
 
     def feed_event(self, partition: int, offset: int, value: bytes) -> None:
         """Take one native event message of ``partition`` (``feed``'s hot path: the
-        consumer calls it directly for values that start with the event magic)."""
+        consumer calls it directly for values that start with the event magic). Only its
+        head is read here; its names and values are decoded with its epoch's others."""
         if self._failure is not None:
             raise self._failure
         self._next_offset[partition] = offset + 1
         try:
-            event = decode_event(value)
+            domain, batch_id, seq = native_event_head(value)
         except CodecError as exc:
             raise InconsistentLog(f"partition {partition} offset {offset} holds a corrupt "
                                   f"event message: {exc}") from exc
-        self._event(partition, offset, event)
+        self._event(partition, offset, domain, batch_id, seq, value)
 
-    def _event(self, partition: int, offset: int, event: RawEvent) -> None:
-        domain, batch_id = event.domain_id, event.batch_id
+    def _event(self, partition: int, offset: int, domain: int, batch_id: int, seq: int,
+               value: bytes) -> None:
         applied_end = self._applied_end.get(domain)
         # id_lt inlined (batch_id before the end on the id ring): this runs per event
         if applied_end is not None and 0 < (applied_end - batch_id) % _RING < _HALF_RING:
@@ -301,14 +306,14 @@ class KafkaLog:
         if verified_end is not None and 0 < (verified_end - batch_id) % _RING < _HALF_RING:
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
-        known = lane.pending.add(event)
+        known = lane.pending.add(batch_id, seq, value)
         if known is None:
-            self._open[partition].append((offset, domain, event.batch_id, False))
+            self._open[partition].append((offset, domain, batch_id, False))
         else:
-            if known != event:
+            if known != value:
                 raise InconsistentLog(
                     f"partition {partition} holds two different events with identity "
-                    f"(batch {event.batch_id:#x}, seq {event.seq})", domain_id=domain)
+                    f"(batch {batch_id:#x}, seq {seq})", domain_id=domain)
             self.duplicates += 1
             return
 
@@ -350,13 +355,14 @@ class KafkaLog:
                 f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
                 "epoch markers (and their events) are missing", domain_id=domain,
                 epoch_seq=expected)
-        checked: EventBatch | list[RawEvent]
+        checked: EventBatch | list[RawEvent] = []
+        share: list[bytes] = []  # bulk: checked at drain, with every other share
         if part is None:
-            checked = _check_empty_share(partition, whole, covered)
+            _check_empty_share(partition, whole, covered)
         elif self._defer and covered:
-            checked = _check_share_count(partition, part, covered)
+            share = _check_share_count(partition, part, covered)
         else:
-            checked = _check_partition(partition, part, covered)
+            checked = _check_partition(partition, part, _decoded(partition, part, covered))
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
@@ -371,10 +377,10 @@ class KafkaLog:
         if isinstance(checked, EventBatch):
             epoch.batches.append(checked)
         elif checked:
-            if self._defer and part is not None:
-                epoch.shares.append((partition, part, checked))
-            else:
-                epoch.events += checked
+            epoch.events += checked
+        if share:
+            assert part is not None
+            epoch.shares.append((partition, part, share))
         if part is not None:
             epoch.counted += part.event_count
         epoch.vouched.add(partition)
@@ -673,8 +679,18 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
     return checked
 
 
-def _check_share_count(partition: int, part: EpochRecord, events: list[RawEvent]
-                       ) -> list[RawEvent]:
+def _decoded(partition: int, part: EpochRecord, values: list[bytes]) -> list[RawEvent]:
+    """A share's event messages decoded (their heads were checked when they came)."""
+    try:
+        return [decode_event(value) for value in values]
+    except CodecError as exc:
+        raise InconsistentLog(f"partition {partition} holds a corrupt event message of this "
+                              f"epoch: {exc}", domain_id=part.domain_id,
+                              epoch_seq=part.epoch_seq) from exc
+
+
+def _check_share_count(partition: int, part: EpochRecord, events: list[bytes]
+                       ) -> list[bytes]:
     """Step 2's count only (bulk: per-table counts and setsums are checked at drain by
     ``check_shares``, for many shares at once)."""
     if len(events) != part.event_count:
@@ -686,15 +702,13 @@ def _check_share_count(partition: int, part: EpochRecord, events: list[RawEvent]
     return events
 
 
-def _check_empty_share(partition: int, whole: EpochRecord, events: list[RawEvent]
-                       ) -> list[RawEvent]:
+def _check_empty_share(partition: int, whole: EpochRecord, events: list[bytes]) -> None:
     """A partition whose marker says it holds no event of the epoch (step 2)."""
     if events:
         raise InconsistentLog(
             f"partition {partition} holds {len(events)} events of this epoch before its "
             "marker, the marker says 0: foreign events", domain_id=whole.domain_id,
             epoch_seq=whole.epoch_seq)
-    return events
 
 
 def _batch_and_seq(event: RawEvent) -> tuple[int, int]:

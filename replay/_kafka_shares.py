@@ -4,7 +4,8 @@ shares in one vectorised pass (``KafkaLog(bulk=True)``, at each ``drain``).
 A share is one partition's events of one epoch, which its marker vouches for with a
 count, per-table counts and a setsum (``sinks.kafka``). ``KafkaLog`` checks the count at
 the marker (so it knows the epoch is complete); the rest is checked here for every share
-of every epoch completed since the last drain: one Arrow batch of all their events,
+of every epoch completed since the last drain: their event messages decoded at once into
+one Arrow batch (``sinks.codec.native_events_batch``),
 sorted by (partition, share, batch, seq), one ``segment_digest_array`` per partition,
 lanes summed per share in numpy, table counts by one ``bincount``. The same checks as
 ``_kafka_log._check_partition`` does one share at a time, with the same messages.
@@ -21,11 +22,11 @@ import pyarrow as pa
 from replay._errors import InconsistentLog
 from sequencer import EpochRecord
 from sinks._setsum import SETSUM_PRIMES, Setsum
-from sinks.codec import EventBatch, RawEvent, raw_events_batch, segment_digest_array
+from sinks.codec import CodecError, EventBatch, native_events_batch, segment_digest_array
 
 __all__ = ["CheckedShares", "Share", "check_shares"]
 
-Share = tuple[int, EpochRecord, list[RawEvent]]  # (partition, its marker's record, events)
+Share = tuple[int, EpochRecord, list[bytes]]  # (partition, its marker's record, messages)
 
 _PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
 
@@ -55,8 +56,10 @@ def check_shares(shares: list[Share]) -> CheckedShares:
         return CheckedShares(None, np.zeros(0, dtype=np.int64))
     sizes = np.fromiter((len(events) for _p, _r, events in shares), dtype=np.int64,
                         count=len(shares))
-    events = [event for _p, _r, share in shares for event in share]
-    data = raw_events_batch(events).data
+    try:
+        data = native_events_batch([v for _p, _r, share in shares for v in share]).data
+    except CodecError:
+        return _first_corrupt(shares)
     share_of = np.repeat(np.arange(len(shares), dtype=np.int64), sizes)
     partition_of = np.repeat(np.array([p for p, _r, _e in shares], dtype=np.int64), sizes)
     # Rows by (partition, share, batch, seq): each partition's segments contiguous, in
@@ -72,6 +75,23 @@ def check_shares(shares: list[Share]) -> CheckedShares:
         return CheckedShares(data, share_of)
     first = min(faults)
     return CheckedShares(data, share_of, first, faults[first])
+
+
+def _first_corrupt(shares: list[Share]) -> CheckedShares:
+    """Some event message does not decode: the shares before the first such share are
+    checked as usual, that share is the fault."""
+    for i, (partition, record, values) in enumerate(shares):
+        try:
+            native_events_batch(values)
+        except CodecError as exc:
+            checked = check_shares(shares[:i])
+            error = InconsistentLog(
+                f"partition {partition} holds a corrupt event message of this epoch: {exc}",
+                domain_id=record.domain_id, epoch_seq=record.epoch_seq)
+            if checked.fault is not None:
+                return checked
+            return CheckedShares(checked.batch, checked.share_of_row, i, error)
+    raise AssertionError("no share holds the corrupt message")  # pragma: no cover
 
 
 def _check_tables(shares: list[Share], data: pa.RecordBatch, share_of: np.ndarray,
