@@ -494,14 +494,23 @@ class KafkaLog:
             self.assembler.feed(raw_events_batch(events))
 
     def _hand_out(self, changesets: list[Changeset]) -> None:
-        """Record, for each changeset handed out, where a restart after it begins."""
+        """Record, for each changeset handed out, where a restart after it begins.
+
+        The last of a run gets its exact restart offsets; the others share those of
+        the changeset before the run (earlier offsets: a restart from them re-reads a
+        little and drops what its position token says was applied, it skips nothing),
+        so the offsets are worked out once per run, not once per changeset."""
+        if not changesets:
+            return
+        before = self.commit_offsets() if len(changesets) > 1 else {}
+        last = changesets[-1]
         for changeset in changesets:
             domain = changeset.domain_id
             self._applied_seq[domain] = changeset.epoch_seq
             self._applied_end[domain] = changeset._end_id()
             self._handed[domain] = changeset
-            self.commit_points.append(
-                (changeset, CommitPoint(self.commit_offsets(), dict(self._handed))))
+            offsets = self.commit_offsets() if changeset is last else before
+            self.commit_points.append((changeset, CommitPoint(offsets, dict(self._handed))))
 
     # -- restart points ---------------------------------------------------------------------
 
