@@ -153,18 +153,21 @@ class _Lane:
     pending: _PendingBatches = field(default_factory=lambda: _PendingBatches())
 
 
-@dataclass
 class _Epoch:
-    """One epoch of one domain, as the partitions vouch for it."""
+    """One epoch of one domain, as the partitions vouch for it (a plain slotted class:
+    one is made per epoch, a dataclass's default factories cost more than the rest)."""
 
-    whole: EpochRecord
-    raw_whole: bytes = b""  # its header's bytes (the key of KafkaLog._wholes)
-    batches: list[EventBatch] = field(default_factory=list)  # large partition shares
-    events: list[RawEvent] = field(default_factory=list)  # small ones, (batch, seq) order
-    vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
-    counted: int = 0
-    # bulk: shares whose per-table counts and setsum are checked at drain, all at once
-    shares: list[tuple[int, EpochRecord, list[bytes]]] = field(default_factory=list)
+    __slots__ = ("batches", "counted", "events", "raw_whole", "shares", "vouched", "whole")
+
+    def __init__(self, whole: EpochRecord, raw_whole: bytes = b"") -> None:
+        self.whole = whole
+        self.raw_whole = raw_whole  # its header's bytes (the key of KafkaLog._wholes)
+        self.batches: list[EventBatch] = []  # large partition shares (streaming)
+        self.events: list[RawEvent] = []  # small ones, (batch, seq) order (streaming)
+        self.vouched: set[int] = set()  # partitions whose marker verified it
+        self.counted = 0
+        # bulk: shares whose per-table counts and setsum are checked at drain, all at once
+        self.shares: list[tuple[int, EpochRecord, list[bytes]]] = []
 
 
 class KafkaLog:
