@@ -45,7 +45,7 @@ class CheckedShares:
     def first(self, count: int) -> EventBatch:
         """The events of the shares before ``count``."""
         assert self.batch is not None
-        if self.fault is None or count >= len(self.share_of_row):
+        if self.fault is None:
             return EventBatch(self.batch)
         return EventBatch(self.batch.filter(pa.array(self.share_of_row < count)))
 

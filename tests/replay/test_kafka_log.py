@@ -293,3 +293,31 @@ def test_damage_is_refused_after_only_true_changesets(
         if kind in ("drop event", "alter event", "forge partition tables"):
             # Found by the partition's own marker, before the epoch reaches the assembler.
             assert error is not None and "partition " in str(error), error
+
+
+def test_bulk_check_names_the_first_bad_share_and_keeps_the_ones_before(run: Run) -> None:
+    """check_shares on shares with a corrupt name in one message and an altered value in
+    a later share: the first is the fault (named by partition and epoch), and exactly the
+    events of the shares before it are kept for the assembler."""
+    from replay._kafka_shares import check_shares
+    from sinks.codec import native_events_batch
+
+    log = KafkaLog(3, bulk=True)  # fed whole, not drained: its shares wait in the queue
+    Feeder(simulate_topic(run.items, 3, "native"), random.Random(2)).feed(log)
+    shares = [share for epoch in log._queued for share in epoch.shares][:6]
+    assert len(shares) >= 6 and check_shares(shares).fault is None
+    bad = [list(s[2]) for s in shares]
+    value = bad[2][0]
+    bad[2][0] = value[:38] + b"\xff" + value[39:]  # the table name is no UTF-8 any more
+    bad[4][0] = bad[4][0][:-1] + bytes([bad[4][0][-1] ^ 1])
+    checked = check_shares([(p, r, v) for (p, r, _e), v in zip(shares, bad, strict=True)])
+    assert checked.fault == 2
+    assert "corrupt event message" in str(checked.error)
+    assert checked.error.epoch_seq == shares[2][1].epoch_seq
+    kept = checked.first(2).data
+    assert kept.num_rows == len(shares[0][2]) + len(shares[1][2])
+    expected = native_events_batch(shares[0][2] + shares[1][2]).data
+    assert sorted(kept.column("seq").to_pylist()) == sorted(expected.column("seq").to_pylist())
+    checked = check_shares([(p, r, v) for (p, r, _e), v in
+                            zip(shares[3:], bad[3:], strict=True)])
+    assert checked.fault == 1 and "setsum" in str(checked.error)
