@@ -321,3 +321,4 @@ def test_bulk_check_names_the_first_bad_share_and_keeps_the_ones_before(run: Run
     checked = check_shares([(p, r, v) for (p, r, _e), v in
                             zip(shares[3:], bad[3:], strict=True)])
     assert checked.fault == 1 and "setsum" in str(checked.error)
+    assert checked.first(1).data.num_rows == len(shares[3][2])  # not the bad share's
