@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from replay._errors import InconsistentLog
 from sequencer import EpochRecord
-from sinks._setsum import SETSUM_PRIMES, Setsum
+from sinks import SETSUM_PRIMES, Setsum
 from sinks.codec import CodecError, EventBatch, native_events_batch, segment_digest_array
 
 __all__ = ["CheckedShares", "Share", "check_shares"]
