@@ -54,9 +54,10 @@ class KafkaConsistentConsumer:
     state from the beginning of the topic and hands out only what comes after the
     position.
 
-    ``max_waiting_epochs`` bounds the epochs held while some partitions wait for the
-    others: beyond it, the partitions ahead are paused until the others caught up
-    (0: never pause). See ``docs/kafka.md``.
+    ``max_waiting_epochs`` and ``max_waiting_events`` bound the epochs, and the events
+    of them, held while some partitions wait for the others: beyond either, the
+    partitions ahead are paused until the others caught up (0: no bound). See
+    ``docs/kafka.md``.
 
     Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
     ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
@@ -74,7 +75,8 @@ class KafkaConsistentConsumer:
         initial_state: Mapping[Cell, Value] | None = None,
         config: Mapping[str, Any] | None = None,
         startup_timeout: float = 15.0,
-        max_waiting_epochs: int = 2000,
+        max_waiting_epochs: int = 20_000,
+        max_waiting_events: int = 200_000,
     ) -> None:
         if encoding not in ("native", "debezium"):
             raise KafkaConfigError(
@@ -98,6 +100,7 @@ class KafkaConsistentConsumer:
         self._fatal: str | None = None
         self._failure: InconsistentLog | KafkaSinkError | None = None
         self.max_waiting_epochs = max_waiting_epochs
+        self.max_waiting_events = max_waiting_events
         self._paused: list[int] = []
         with kafka_errors("consumer", f"creating the consumer of topic {topic!r} for group "
                           f"{group_id!r}", KafkaConfigError, "fix the consumer config",
@@ -228,21 +231,23 @@ class KafkaConsistentConsumer:
         return out
 
     def _bound_skew(self) -> None:
-        """Pause the partitions that run ahead while too many epochs wait for the others
+        """Pause the partitions that run ahead while too much waits for the others
         (librdkafka hands over one partition almost whole before the next), resume them
         once the others caught up: what the consumer holds stays bounded."""
-        if not self.max_waiting_epochs:
+        load = max(_share(self.log.waiting_epochs(), self.max_waiting_epochs),
+                   _share(self.log.waiting_events(), self.max_waiting_events))
+        if not load and not self._paused:
             return
-        waiting = self.log.waiting_epochs()
         ck = self._ck
         paused = set(self._paused)
         target: set[int] = set()
-        if waiting > self.max_waiting_epochs // 2:
+        if load > 0.5:
             ahead = set(self.log.ahead())
             if len(ahead) < self.partitions:
                 # Keep paused only what is still ahead (a partition paused half way may
                 # be the one holding the cut back now); pause more past the bound.
-                target = ahead if waiting > self.max_waiting_epochs else paused & ahead
+                target = ahead if load > 1 else paused & ahead
+        waiting = self.log.waiting_epochs()
         if target - paused:
             with kafka_errors("consumer", f"pausing partitions of {self.topic!r}"):
                 self._consumer.pause([ck.TopicPartition(self.topic, p)
@@ -338,6 +343,11 @@ class KafkaConsistentConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _share(held: int, bound: int) -> float:
+    """How full a bound is (0: no bound)."""
+    return held / bound if bound else 0.0
 
 
 def furthest(tokens: Iterable[str]) -> Frontier | None:

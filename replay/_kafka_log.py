@@ -219,6 +219,7 @@ class KafkaLog:
         # drain before any of them reaches the assembler.
         self._queued: list[_Epoch] = []
         self.duplicates = 0
+        self._held = 0  # events of the epochs in _epochs (waiting for other partitions)
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
         # consumer that never commits keeps only the latest.
@@ -386,6 +387,7 @@ class KafkaLog:
             epoch.shares.append((partition, part, share))
         if part is not None:
             epoch.counted += part.event_count
+            self._held += part.event_count
         epoch.vouched.add(partition)
         self._open[partition].append((offset, domain, seq, True))
         if len(epoch.vouched) < self.partitions:
@@ -421,6 +423,7 @@ class KafkaLog:
             if epoch is None or len(epoch.vouched) < self.partitions:
                 return out
             del self._epochs[key]  # type: ignore[arg-type]
+            self._held -= epoch.counted
             whole = epoch.whole
             if epoch.counted != whole.event_count:
                 raise InconsistentLog(
@@ -549,6 +552,10 @@ class KafkaLog:
     def waiting_epochs(self) -> int:
         """Epochs some partitions vouched for, waiting for the others."""
         return len(self._epochs)
+
+    def waiting_events(self) -> int:
+        """Events of those epochs that the partitions which vouched hold."""
+        return self._held
 
     def ahead(self) -> list[int]:
         """Partitions that vouched for the oldest waiting epoch of a domain: reading more
