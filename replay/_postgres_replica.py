@@ -140,6 +140,7 @@ class _Table:
     stage: str
     create_stage: bytes
     fill_stage: bytes
+    clear_stage: bytes
     merge_update: bytes
     merge_insert: bytes
     scan: bytes
@@ -188,7 +189,7 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     create_stage = sql.SQL(
         "CREATE TEMP TABLE IF NOT EXISTS {stage} (k {kt} PRIMARY KEY, changed text[] NOT NULL, "
         "present text[] NOT NULL, was_present text[] NOT NULL, {values}) "
-        "ON COMMIT DELETE ROWS"
+        "ON COMMIT PRESERVE ROWS"
     ).format(stage=stage, kt=sql.SQL(key_type), values=sql.SQL(", ").join(
         sql.SQL("{} {}").format(v, sql.SQL(t))
         for v, t in zip(value_names + before_names, types + types, strict=True)))
@@ -258,6 +259,7 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
         present=sql.SQL(", ").join(present_exprs), t=table)
     return _Table(name, layout.key_column, key_type, columns, types, kinds, presence,
                   stage_name, create_stage.as_bytes(None), fill_stage.as_bytes(None),
+                  sql.SQL("DELETE FROM {}").format(stage).as_bytes(None),
                   merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
                   check_before.as_bytes(None))
 
@@ -481,6 +483,9 @@ class PostgresReplica:
                 checks.append((table, conn.execute(table.check_before)))
             conn.execute(table.merge_update)
             conn.execute(table.merge_insert)
+            # Emptied in the same transaction (a rollback empties it too): cheaper than
+            # ON COMMIT DELETE ROWS, which truncates the table's files at every commit.
+            conn.execute(table.clear_stage)
         self._step("merged")
         if moved is None:  # Step 5 (the locked way).
             conn.execute(self._set_position, (plan.token, self.consumer))
