@@ -98,14 +98,16 @@ message rather than as EVENTS messages. Two encodings:
     A baseline chunk is one message in partition SNAPSHOT_PARTITION (0): native, its
     value is the SNAPSHOT message; debezium, the value is null, the SNAPSHOT message is
     in header HEADER_SNAPSHOT "cdc-agent-snapshot" and the key is
-    ``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``.
+    ``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``, and each of the
+    chunk's cells follows as an op "r" record in its cell's partition (header
+    HEADER_READ "cdc-agent-read"; the Debezium section below has the layout).
 """
 
 from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -485,9 +487,14 @@ def _decode_epoch(payload: memoryview) -> EpochRecord:
 # -- setsum items ---------------------------------------------------------------------------
 
 
-def segment_digest_array(data: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, bytes]:
+def segment_digest_array(
+    data: pa.RecordBatch | pa.Table,
+    digest_slices: Callable[[bytes, np.ndarray], bytes] | None = None,
+) -> tuple[np.ndarray, bytes]:
     """Every segment of ``data`` at once: the row each segment starts at, and the SHA3
-    digests of their items, 32 bytes each, in the same order.
+    digests of their items, 32 bytes each, in the same order. ``digest_slices(body,
+    bounds)``, if given, hashes many items at once (the agent passes its C one,
+    ``sequencer._native.sha3_slices``); the same digests as ``hashlib.sha3_256``.
 
     ``data`` must hold whole segments, each contiguous and in seq order. Each item is
     assembled in Arrow (one ``binary_join`` per column over the segments, then one
@@ -517,6 +524,8 @@ def segment_digest_array(data: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, b
     if n <= _GATHER_ROWS_PER_SEGMENT * len(starts) and n <= _GATHER_MAX_ROWS:
         # Many small segments (automatic batches): one gather of bytes in numpy.
         body, bounds = _gathered_items(data, starts, domains[starts], batches[starts])
+        if digest_slices is not None:
+            return starts, digest_slices(body, np.ascontiguousarray(bounds, np.int64))
         view = memoryview(body)
         return starts, b"".join([sha3(view[a:b]).digest()
                                  for a, b in itertools.pairwise(bounds.tolist())])
@@ -1084,11 +1093,81 @@ def debezium_transaction_records(domain_id: int, batch_id: int, event_count: int
     return [(key, _json_dumps(begin).encode()), (key, _json_dumps(end).encode())]
 
 
+# Baseline snapshots in the Debezium encoding (issue 9). Besides the chunk's own message
+# (a tombstone carrying the SNAPSHOT message in a header, which cdc-agent's consumer
+# verifies), each cell of the chunk is one read record, ``op`` "r", in the partition of
+# its cell and after the chunk's message (so before every later event on that cell):
+# key as for events, ``before`` null, ``after`` the cell's image, ``ts_ms`` the
+# quiescence point's time, ``source.snapshot`` "true" ("last" on the baseline's last
+# cell), ``source`` naming domain, baseline (16 hex digits), chunk index, quiescence
+# point (epoch_seq, end_id as a decimal string), table, row and column; no
+# ``transaction``. The header HEADER_READ "cdc-agent-read" (its value
+# "<domain>:<baseline>:<index>", as in the chunk message's key) marks them: cdc-agent's
+# consumer skips them, the chunk carries the same cells. ``source.read_version``
+# (DEBEZIUM_READ_VERSION) versions this layout.
+
+HEADER_READ: Final = "cdc-agent-read"
+DEBEZIUM_READ_VERSION: Final = 1
+
+
+def encode_debezium_read(chunk: SnapshotChunk, *, name: str) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of the op "r" record of every cell of ``chunk``, in its order."""
+    point_ms = debezium_ts_ms(chunk.end_id or chunk.baseline_id)
+    out = []
+    cells = chunk.cells()
+    for i, (table, row_key, column, value) in enumerate(cells):
+        row = encode_debezium_key(row_key)
+        last = chunk.last and i == len(cells) - 1
+        envelope = {
+            "before": None,
+            "after": {DEBEZIUM_ROW_FIELD: row, column: encode_debezium_value(value)},
+            "op": "r",
+            "ts_ms": point_ms,
+            "source": {
+                "version": DEBEZIUM_VERSION,
+                "connector": DEBEZIUM_CONNECTOR,
+                "name": name,
+                "ts_ms": point_ms,
+                "snapshot": "last" if last else "true",
+                "db": str(chunk.domain_id),
+                "table": table,
+                "domain": str(chunk.domain_id),
+                "baseline": f"{chunk.baseline_id:016x}",
+                "chunk": chunk.index,
+                "epoch_seq": chunk.epoch_seq,
+                "end_id": str(chunk.end_id),
+                "read_version": DEBEZIUM_READ_VERSION,
+                "row": row,
+                "column": column,
+            },
+            "transaction": None,
+        }
+        key = {"table": table, "row": row, "column": column}
+        out.append((_json_dumps(key).encode(), _json_dumps(envelope).encode()))
+    return out
+
+
+def decode_debezium_read(value: bytes | str) -> SnapshotCell:
+    """The ``(table, row, column, value)`` of one op "r" record (``encode_debezium_read``)."""
+    try:
+        envelope = json.loads(value)
+        source = envelope["source"]
+        if envelope["op"] != "r" or envelope["before"] is not None:
+            raise ValueError(f"op {envelope['op']!r} is not a read record")
+        column = source["column"]
+        return (source["table"], decode_debezium_key(source["row"]), column,
+                decode_debezium_value(envelope["after"][column]))
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CodecError(f"not a cdc-agent Debezium read record: {exc}") from exc
+
+
 # The public names of the last three sections.
 __all__ += [
     "DEBEZIUM_CONNECTOR",
+    "DEBEZIUM_READ_VERSION",
     "DEBEZIUM_ROW_FIELD",
     "HEADER_PARTITION",
+    "HEADER_READ",
     "HEADER_SNAPSHOT",
     "HEADER_WHOLE",
     "NATIVE_MAGIC",
@@ -1103,11 +1182,13 @@ __all__ += [
     "debezium_ts_ms",
     "decode_debezium_event",
     "decode_debezium_key",
+    "decode_debezium_read",
     "decode_debezium_value",
     "decode_native_event",
     "decode_snapshot",
     "encode_debezium_event",
     "encode_debezium_key",
+    "encode_debezium_read",
     "encode_debezium_value",
     "encode_native_events",
     "event_keys",
