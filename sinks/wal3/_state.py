@@ -328,9 +328,9 @@ def decode_state(data: bytes, what: str = "state object") -> StateDelta:
             before=_text(header["before"]), after=_text(header["after"]),
             trusted=bool(header["trusted"]), keys=keys[:n], values=tuple(values[:n]),
             befores=tuple(befores[:n]), carried=tuple(carried.column(0).to_pylist()),
-            state_setsum=_text(header["state_setsum"]),
+            state_setsum=_hexsum(header["state_setsum"]),
             replaced_records=_int(replaced["records"]), replaced_events=_int(replaced["events"]),
-            replaced_setsum=_text(replaced["setsum"]), cells_setsum=_text(header["cells_setsum"]),
+            replaced_setsum=_hexsum(replaced["setsum"]), cells_setsum=_text(header["cells_setsum"]),
             **extra)
         if delta.version != version:
             raise ValueError(f"a version-{version} object holding nothing of version "
@@ -360,6 +360,13 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def _hexsum(value: Any) -> str:
+    """A setsum's hexdigest, checked when read (not first when summed or written back)."""
+    text = _text(value)
+    Setsum.from_hexdigest(text)  # raises ValueError naming what is wrong
+    return text
 
 
 # -- the index --------------------------------------------------------------------------
@@ -392,8 +399,8 @@ class StateEntry:
         replaced = obj["replaced"]
         return cls(_text(obj["kind"]), _text(obj["path"]), _text(obj["sha256"]),
                    _int(obj["num_bytes"]), _int(obj["lo"]), _int(obj["hi"]), _int(obj["cells"]),
-                   _text(obj["state_setsum"]), _int(replaced["records"]),
-                   _int(replaced["events"]), _text(replaced["setsum"]))
+                   _hexsum(obj["state_setsum"]), _int(replaced["records"]),
+                   _int(replaced["events"]), _hexsum(replaced["setsum"]))
 
 
 @dataclass(frozen=True)

@@ -83,3 +83,13 @@ def test_a_damaged_index_raises_only_corrupt_state(data: bytes) -> None:
     with contextlib.suppress(CorruptState):
         index = StateIndex.from_bytes(data, "i")
         assert StateIndex.from_bytes(index.to_bytes(), "i").entries == index.entries
+
+
+@pytest.mark.parametrize("setsum", ["\ud800", "zz" * 32, "00" * 31])
+def test_an_index_entry_with_a_setsum_that_is_not_one_is_corrupt(setsum: str) -> None:
+    # Found by the fuzz test: it decoded, then failed with ValueError when summed.
+    entry = json.loads(json.dumps(INDEX["entries"][0]))
+    entry["replaced"]["setsum"] = setsum
+    data = json.dumps({**INDEX, "entries": [entry]}).encode()
+    with pytest.raises(CorruptState, match="setsum hexdigest"):
+        StateIndex.from_bytes(data, "i")
