@@ -34,7 +34,13 @@ from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
 
-__all__ = ["SOCKET_MODE", "Sidecar", "SidecarAddressInUse", "SidecarSocketError"]
+__all__ = [
+    "DEFAULT_MAX_QUIESCENCE_INTERVAL",
+    "SOCKET_MODE",
+    "Sidecar",
+    "SidecarAddressInUse",
+    "SidecarSocketError",
+]
 
 log = structlog.get_logger()
 
@@ -44,6 +50,11 @@ MAX_BUFFERED: Final = 64 << 20  # bytes of unhandled requests held across all co
 # put the clients' users in the sidecar's group, or pass socket_mode=0o666.
 SOCKET_MODE: Final = 0o660
 _MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final NUL
+# Forced quiescence is on by default here (the Agent's default is off). Clients pipeline
+# a batch's close with their next open, and the sidecar handles the two back to back, so
+# busy clients leave no moment without an open batch: without it a loaded sidecar may
+# never reach a quiescence point, and consumers, who cut only there, would see nothing.
+DEFAULT_MAX_QUIESCENCE_INTERVAL: Final = 0.1  # seconds
 
 
 class _OverBudget(Exception):
@@ -170,7 +181,9 @@ class Sidecar(_Capture):
     """The capture core (sequencer, shipping) serving clients on a Unix socket.
 
     ``Sidecar(sink, on_quiescence=..., grace_period=5.0, max_line=16 MiB,
-    **agent_options)`` takes the options of ``Agent`` (no store).
+    **agent_options)`` takes the options of ``Agent`` (no store), except that
+    ``max_quiescence_interval`` defaults to ``DEFAULT_MAX_QUIESCENCE_INTERVAL`` (0.1 s;
+    ``None`` turns forced quiescence off).
     ``await sidecar.serve(path)`` serves until ``stop()`` (thread-safe) or, with
     ``handle_signals=True``, SIGTERM or SIGINT.
     """
@@ -180,6 +193,7 @@ class Sidecar(_Capture):
         if max_buffered < max_line:
             raise ValueError(f"max_buffered ({max_buffered}) must be at least max_line "
                              f"({max_line}): one whole request must fit")
+        options.setdefault("max_quiescence_interval", DEFAULT_MAX_QUIESCENCE_INTERVAL)
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self._budget = _Budget(max_buffered)
         self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead

@@ -15,6 +15,7 @@ import structlog
 
 from agent import ABSENT, AgentClosed, InvalidWrite, MemoryStore
 from agent.sidecar import SidecarAddressInUse, SidecarClient, SidecarError
+from agent.sidecar._server import DEFAULT_MAX_QUIESCENCE_INTERVAL
 from tests.agent._sidecar import Raw, Served, short_dir
 from tests.helpers import bits
 
@@ -72,9 +73,7 @@ def _writer(client: SidecarClient, seed: int, batches: int) -> None:
 def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path) -> None:
     """Six threads write overlapping cells through the sidecar; every quiescent snapshot
     the log replays to equals the shared store's state at that point, and at the end."""
-    # Closes are pipelined, so six busy threads may never leave the sequencer without
-    # an open batch by chance: forced quiescence makes sure there are several points.
-    served = Served(folder / "s", max_quiescence_interval=0.02)
+    served = Served(folder / "s")  # the sidecar's default forced quiescence: points
     client = SidecarClient(str(folder / "s"), served.store)
     errors: list[BaseException] = []
 
@@ -96,6 +95,32 @@ def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path)
     assert served.check_against_store() > 1
     assert served.sink.closed
     assert not (folder / "s").exists()
+
+
+def test_sustained_load_still_reaches_quiescence_by_default(folder: Path) -> None:
+    """Two connections whose batches overlap without end never quiesce by chance; with
+    no option given, forced quiescence holds the next open once the default interval
+    has passed, until the open batch closes: a quiescence point."""
+    now = [0]
+    served = Served(folder / "s", clock_ns=lambda: now[0])
+    a, b = Raw(folder / "s"), Raw(folder / "s")
+    held = {"a": a.open(), "b": b.open()}
+    for step in range(6):  # each connection closes and reopens while the other is open
+        raw, name = (a, "a") if step % 2 == 0 else (b, "b")
+        assert raw.call({"op": "close", "batch": held[name]})["ok"]
+        held[name] = raw.open()
+    assert not served.at_quiescence
+    now[0] = int(DEFAULT_MAX_QUIESCENCE_INTERVAL * 1e9) + 1
+    a.call({"op": "close", "batch": held["a"]})
+    a.send({"op": "open"})  # held back: b's batch is still open
+    assert not served.quiesced.wait(0.2)
+    b.call({"op": "close", "batch": held["b"]})
+    assert served.quiesced.wait(10)  # b's close drained the sequencer
+    assert a.reply()["ok"]  # and a's open went through after the point
+    a.close()
+    b.close()
+    served.stop()
+    assert served.check_against_store() == 2
 
 
 def test_client_api_matches_the_agent(folder: Path) -> None:
