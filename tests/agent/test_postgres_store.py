@@ -535,7 +535,7 @@ def test_unreachable_server_is_a_clear_error() -> None:
     """Nothing listening: the constructor says it could not read the tables."""
     from tests.services._proc import free_port
 
-    with pytest.raises(PostgresError, match="could not read the table definitions"):
+    with pytest.raises(PostgresError, match="read of the table definitions failed"):
         PostgresStore(f"host=127.0.0.1 port={free_port()} user=postgres dbname=x",
                       TABLES, connect_timeout=2)
 
