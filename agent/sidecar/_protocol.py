@@ -1,8 +1,9 @@
-"""The sidecar's wire protocol, sans-IO: JSON lines in, JSON lines out (version 1).
+"""The sidecar's wire protocol, sans-IO: JSON lines in, JSON lines out (versions 1, 2).
 
 Each message is one JSON object on one line (UTF-8, ended by ``\\n``). A request names
 its ``op``; an optional ``id`` (any JSON scalar) is echoed in the reply. Replies come
-in request order, one per request: ``{"id": ..., "ok": true, ...}`` or
+in request order, one per request (version 2: none for a successful ``events`` or
+non-durable ``close``): ``{"id": ..., "ok": true, ...}`` or
 ``{"id": ..., "ok": false, "error": CODE, "message": TEXT}``. The full description,
 with an example session, is ``docs/sidecar.md``.
 
@@ -48,6 +49,7 @@ from sequencer import (
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "SUPPORTED_PROTOCOLS",
     "Close",
     "Event",
     "Events",
@@ -70,7 +72,11 @@ __all__ = [
     "parse_request",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+# Version 2 (asked for in hello) differs from 1 in one way: a successful ``events`` or
+# non-durable ``close`` gets no reply (a failure still does, echoing the request's id),
+# so a client tells replies apart by the ids it gives the requests it waits for.
+SUPPORTED_PROTOCOLS: Final = (1, 2)
 INT64_MIN: Final = -(1 << 63)
 INT64_MAX: Final = (1 << 63) - 1
 

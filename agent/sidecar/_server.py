@@ -174,6 +174,7 @@ class _Connection:
     client: str = ""
     greeted: bool = False
     durable: bool = False  # closes answer once durable in the sink (hello's "durable")
+    quiet: bool = False  # protocol 2: no reply to a successful events or plain close
     batches: dict[str, _Batch] = field(default_factory=dict)
 
 
@@ -395,13 +396,15 @@ class Sidecar(_Capture):
             reply = await self._answer(connection, line)
             if writer.is_closing():
                 continue  # the client is gone: still take in every request it sent
-            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
-                held.append(reply)  # pipelined requests wait in the buffer: answer them
-                continue            # together, one write for a run of replies
-            if held:
+            if reply:  # empty: a protocol 2 success that needs no reply
                 held.append(reply)
-                reply = b"".join(held)
-                held.clear()
+            if not held:
+                continue
+            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
+                continue  # pipelined requests wait in the buffer: answer them together,
+                          # one write for a run of replies
+            reply = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
             writer.write(reply)
             try:
                 await writer.drain()
@@ -438,14 +441,16 @@ class Sidecar(_Capture):
         if type(request) is p.Health:
             return self._health(request)
         if type(request) is p.Hello:
-            if request.protocol != p.PROTOCOL_VERSION:
+            if request.protocol not in p.SUPPORTED_PROTOCOLS:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
                                       f"protocol {request.protocol} is not supported; this "
-                                      f"sidecar speaks {p.PROTOCOL_VERSION}")
+                                      "sidecar speaks "
+                                      f"{' and '.join(map(str, p.SUPPORTED_PROTOCOLS))}")
             connection.greeted = True
             connection.client = request.client
             connection.durable = request.durable
-            return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
+            connection.quiet = request.protocol >= 2
+            return p.encode_reply(request.id, protocol=request.protocol,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
             raise p.ProtocolError(p.HELLO_REQUIRED, "send {\"op\": \"hello\", \"protocol\": "
@@ -473,6 +478,8 @@ class Sidecar(_Capture):
                 if durable:  # answer once the batch's records are durable in the sink
                     await self._durable()
                     return p.encode_reply(request.id, events=count, durable=True)
+            if connection.quiet:
+                return b""  # protocol 2: success needs no reply
             return p.encode_reply(request.id, events=count)
         if not isinstance(request, p.Flush):  # a baseline: agent.sidecar._snapshot_ops
             from agent.sidecar._snapshot_ops import handle_snapshot

@@ -130,4 +130,4 @@ def test_the_sidecar_package_exports_are_pinned() -> None:
     assert agent.sidecar.__all__ == [
         "PROTOCOL_VERSION", "ProtocolError", "Sidecar", "SidecarAddressInUse",
         "SidecarClient", "SidecarError", "SidecarSocketError", "SidecarUnavailable"]
-    assert agent.sidecar.PROTOCOL_VERSION == 1
+    assert agent.sidecar.PROTOCOL_VERSION == 2

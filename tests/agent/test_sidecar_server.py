@@ -513,3 +513,69 @@ def test_report_batch_sends_a_batch_s_events_with_its_close(folder: Path) -> Non
     assert served.check_against_store() >= 1
     with pytest.raises(ValueError, match="report="):
         SidecarClient(str(folder / "s"), served.store, report="sometimes")
+
+
+def test_protocol_2_answers_only_failures_of_events_and_closes(folder: Path) -> None:
+    """A version 1 client gets one reply per request, as before; a version 2 client gets
+    none for a successful events or plain close, a failure's reply (its id echoed) in
+    request order, and a reply to every other request."""
+    served = Served(folder / "s")
+    served.store.exchange("t", 1, "a", 1)  # the write the old client reports
+    old = Raw(folder / "s")  # hello protocol 1
+    batch = old.open()
+    event = ["t", 1, "a", {"absent": True}, 1]
+    assert old.call({"op": "events", "batch": batch, "events": [event]})["events"] == 1
+    assert old.call({"op": "close", "batch": batch}) == {"id": None, "ok": True, "events": 1}
+
+    new = Raw(folder / "s", hello=False)
+    assert new.call({"op": "hello", "protocol": 2})["protocol"] == 2
+    batch = new.open()
+    served.store.exchange("t", 2, "a", 2)
+    new.send({"op": "events", "batch": batch, "events": [["t", 2, "a", {"absent": True}, 2]]})
+    new.send({"op": "events", "id": 7, "batch": "nope", "events": []})  # fails: answered
+    new.send({"op": "close", "batch": batch})
+    new.send({"op": "close", "id": 8, "batch": batch})  # closed already: answered
+    new.send({"op": "ping", "id": 9})
+    assert [(r["id"], r.get("error")) for r in (new.reply(), new.reply())] == [
+        (7, "unknown_batch"), (8, "unknown_batch")]
+    assert new.reply() == {"id": 9, "ok": True}
+    assert new.call({"op": "flush"}) == {"id": None, "ok": True}
+    new.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        new.reply()  # nothing else was answered
+    old.close()
+    new.close()
+    served.stop()
+    assert served.check_against_store() >= 1
+    assert len(served.sink.events) == 2
+
+
+def test_protocol_2_failures_reach_the_client_and_old_sidecars_still_serve_it(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client raises a posted request's failure at the next waited-for request
+    (protocol 2); against a sidecar that speaks only version 1 it says hello again with
+    1 and captures all the same."""
+    from agent.sidecar import _protocol
+
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+    connection = client._connection()
+    assert connection.protocol == 2
+    connection.post("events", batch="nope", events=[])
+    with pytest.raises(SidecarError, match="unknown_batch: a pipelined request failed"):
+        client.set("t", 1, "a", 1)
+    client.set("t", 1, "a", 2)
+    client.close()
+    served.stop()
+
+    monkeypatch.setattr(_protocol, "SUPPORTED_PROTOCOLS", (1,))  # an older sidecar
+    older = Served(folder / "o")
+    with SidecarClient(str(folder / "o"), older.store) as client:
+        assert client._connection().protocol == 1
+        with client.batch():
+            client.set("t", 1, "a", 1)
+            client.set("t", 2, "a", 2)
+        client.flush()
+    older.stop()
+    assert older.check_against_store() >= 1
+    assert len(older.sink.events) == 2
