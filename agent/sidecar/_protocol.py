@@ -179,7 +179,11 @@ def parse_request(line: bytes | str) -> Request:
     """Decode and check one request line; raise ``ProtocolError`` with the reply's code."""
     try:
         if not isinstance(line, str):  # as json.loads decodes bytes
-            line = line.decode(json.detect_encoding(line), "surrogatepass")
+            # A line opening with two non-NUL bytes other than a BOM is UTF-8 to
+            # json.detect_encoding too: skip asking it (the common case).
+            utf8 = len(line) > 1 and line[0] == 0x7B and line[1] != 0
+            line = line.decode("utf-8" if utf8 else json.detect_encoding(line),
+                               "surrogatepass")
         message = _DECODER.decode(line)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(BAD_JSON, f"the line is not valid JSON: {exc}") from None
