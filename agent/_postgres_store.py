@@ -7,10 +7,11 @@ one atomically (see ``agent._postgres_sql``); no transaction spans two cells. Ea
 call borrows a connection from a small pool, so threads (or tasks) write in parallel.
 
 psycopg 3 is imported when a store is built; without it the error names the extra
-``cdc-agent[postgres]``. How a call's statements travel (plain, or the verified
-commit) is written once, sans-IO, in ``agent._postgres_protocol``, which also maps
-psycopg's exceptions to ours; ``_drive`` and ``_adrive`` here carry its steps out on
-the pools' connections:
+``cdc-agent[postgres]``. How a call's statements travel (plain, the verified commit,
+or the snapshot's one transaction) is written once, sans-IO, in
+``agent._postgres_protocol``, which also maps psycopg's exceptions to ours, and the
+pool's bookkeeping in ``agent._postgres_pool``; ``_drive``/``_adrive`` and
+``_Pool``/``_AsyncPool`` here only carry the steps out and wait (threads, asyncio):
 
 - a value, row key, table or column the tables cannot hold: ``InvalidWrite``, raised
   before anything is sent;
