@@ -428,6 +428,7 @@ class _AsyncPool:
         self._connect_timeout = connect_timeout
         self._slots: PoolSlots[_AsyncEntry] = PoolSlots(size)
         self._freed: asyncio.Condition | None = None
+        self._waiting = 0  # tasks in acquire's locked part (a release wakes one)
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         return await self._psycopg.AsyncConnection.connect(  # type: ignore[no-any-return]
@@ -448,8 +449,12 @@ class _AsyncPool:
             return entry
         freed = self._condition()
         async with freed:
-            while (got := slots.take()) is WAIT:
-                await freed.wait()
+            self._waiting += 1
+            try:
+                while (got := slots.take()) is WAIT:
+                    await freed.wait()
+            finally:
+                self._waiting -= 1
         if got is not CONNECT:
             return got  # type: ignore[return-value]
         try:
@@ -471,7 +476,7 @@ class _AsyncPool:
 
     async def _wake(self, every: bool = False) -> None:
         freed = self._freed
-        if freed is not None:
+        if freed is not None and self._waiting:
             async with freed:
                 if every:
                     freed.notify_all()

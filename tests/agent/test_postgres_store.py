@@ -693,3 +693,27 @@ def test_a_snapshot_sees_every_table_as_of_one_moment(
             assert (await astore.snapshot())[("plain", row, "n")] == 2
 
     asyncio.run(main())
+
+
+def test_asyncio_calls_share_one_connection_and_waiters_see_a_close(dsn: str) -> None:
+    """With pool_size=1, concurrent tasks take turns on the one connection (each call
+    gets it in the end); a task still waiting when the store closes gets PostgresError."""
+    async def main() -> None:
+        async with AsyncPostgresStore(dsn, TABLES, pool_size=1) as astore:
+            row = _fresh_row("cells")
+            await asyncio.gather(*(astore.exchange("cells", row, "i", n) for n in range(20)))
+            assert await astore.get("cells", row, "i") in range(20)
+            held = await astore._pool.acquire()
+            waiter = asyncio.ensure_future(astore.get("cells", row, "i"))
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if astore._pool._waiting:
+                    break
+            assert astore._pool._waiting == 1
+            await astore.close()
+            with pytest.raises(PostgresError, match="closed"):
+                await waiter
+            await astore._pool.release(held)
+            assert held[0].closed
+
+    asyncio.run(main())
