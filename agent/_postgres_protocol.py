@@ -8,11 +8,11 @@ generator, which maps them to ours here (the one boundary for psycopg's errors):
 
     step                      the driver does                          sends back
     Statement(q, p, begin)    runs q on the lent connection (with      its rows
-                              ``begin``: BEGIN and q in one round
-                              trip, pipeline mode)
+                              ``begin``, a BEGIN statement: it and q
+                              in one round trip, pipeline mode)
     COMMIT                    COMMIT on the lent connection            None
-    ROLLBACK                  ROLLBACK if the connection still works;  None
-                              its own errors are ignored
+    ROLLBACK                  ROLLBACK if a connection is lent and     None
+                              still works; its own errors are ignored
     RELEASE                   gives the lent connection back           None
     XactStatus(xid)           ``pg_xact_status(xid)`` on a fresh       (status, monotonic now)
                               connection (kept for the call)
@@ -20,7 +20,9 @@ generator, which maps them to ours here (the one boundary for psycopg's errors):
     NOW                       reads the monotonic clock                seconds
 
 A connection is lent at the first ``Statement`` and given back at ``RELEASE`` or when
-the call ends, whichever comes first. No psycopg import here: ``error`` (psycopg's
+the call ends, whichever comes first. A call may leave its connection inside a
+transaction only if it also fails: the pool drops such a connection rather than lend
+it again. No psycopg import here: ``error`` (psycopg's
 ``Error``) is passed in.
 """
 
@@ -33,6 +35,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 from agent._postgres_spec import PostgresError, WriteFailed, WriteOutcomeUnknown
 
 __all__ = [
+    "BEGIN",
     "COMMIT",
     "NOW",
     "RELEASE",
@@ -44,20 +47,25 @@ __all__ = [
     "XactStatus",
     "XACT_STATUS_SQL",
     "map_error",
+    "SNAPSHOT_BEGIN",
     "plain_call",
+    "snapshot_call",
     "verified_call",
 ]
 
 XACT_STATUS_SQL: Final = b"SELECT pg_xact_status(%s::xid8)"
+BEGIN: Final = b"BEGIN"
+# Every table of a snapshot read as of one moment, and nothing written by mistake.
+SNAPSHOT_BEGIN: Final = b"BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 _POLL: Final = 0.05  # seconds between two questions about a transaction in progress
 
 
 class Statement(NamedTuple):
-    """One statement on the lent connection; with ``begin``, BEGIN goes first."""
+    """One statement on the lent connection; ``begin`` (a BEGIN statement) goes first."""
 
     query: Any
     params: Any
-    begin: bool = False
+    begin: bytes = b""
 
 
 class Control(NamedTuple):
@@ -102,13 +110,14 @@ def map_error(exc: Exception, what: str, writing: bool) -> PostgresError:
     )
 
 
-def _statements(steps: Any) -> Call:
-    """The operation's statements, one ``Statement`` each, autocommit."""
+def _statements(steps: Any, begin: bytes = b"") -> Call:
+    """The operation's statements, one ``Statement`` each (``begin`` on the first)."""
     try:
         query, params = next(steps)
+        rows = yield Statement(query, params, begin)
         while True:
-            rows = yield Statement(query, params)
             query, params = steps.send(rows)
+            rows = yield Statement(query, params)
     except StopIteration as stop:
         return stop.value
 
@@ -142,7 +151,7 @@ def _transaction(steps: Any, commit: _Commit) -> Call:
         try:
             query, params = next(steps)
             # Step 1.
-            rows = yield Statement(query, params, begin=True)
+            rows = yield Statement(query, params, BEGIN)
             # Step 2.
             while True:
                 if rows:
@@ -159,6 +168,37 @@ def _transaction(steps: Any, commit: _Commit) -> Call:
         if not commit.committing and not isinstance(exc, GeneratorExit):
             yield ROLLBACK  # the original error is the one to report
         raise
+
+
+def snapshot_call(scans: Any, what: str, error: type[Exception]) -> Call:
+    """Several reads as of one moment: ``BEGIN ISOLATION LEVEL REPEATABLE READ, READ
+    ONLY``, each scan's statements, COMMIT; returns the scans' results merged (each a
+    dict). Read-only, so any failure is "nothing changed; retry".
+
+    Step 1. SNAPSHOT_BEGIN and the first statement, in one round trip.
+    Step 2. Every scan's statements, in order.
+    Step 3. COMMIT (ends the read; the connection goes back to autocommit use).
+    On any failure: ROLLBACK (best effort), and the error goes on, mapped.
+    """
+    merged: dict[Any, Any] = {}
+    try:
+        try:
+            begin = SNAPSHOT_BEGIN
+            for steps in scans:
+                # Step 1 (the first statement), step 2.
+                merged.update((yield from _statements(steps, begin)))
+                begin = b""
+            if begin:  # no scan at all: nothing to read, no transaction opened
+                return merged
+            # Step 3.
+            yield COMMIT
+            return merged
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):
+                yield ROLLBACK  # the original error is the one to report
+            raise
+    except error as exc:
+        raise map_error(exc, what, False) from exc
 
 
 def verified_call(steps: Any, what: str, error: type[Exception],

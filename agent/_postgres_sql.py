@@ -47,6 +47,7 @@ __all__ = [
     "get_steps",
     "read_row_steps",
     "scan_steps",
+    "table_infos_steps",
 ]
 
 Step: TypeAlias = tuple[bytes, Mapping[str, Any]]
@@ -58,14 +59,15 @@ _MAX_ROUNDS: Final = 64
 
 # One row per column of the table: name, declared type, NOT NULL, base type name,
 # typmod, and whether the column alone carries a unique index (usable by ON CONFLICT).
-INTROSPECT_SQL: Final = """
+INTROSPECT_SQL: Final = b"""
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, t.typname,
        a.atttypmod,
        EXISTS (SELECT 1 FROM pg_index i
                 WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1
                   AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
- WHERE a.attrelid = to_regclass(quote_ident(%s)) AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE a.attrelid = to_regclass(quote_ident(%(table)s)) AND a.attnum > 0
+   AND NOT a.attisdropped
  ORDER BY a.attnum
 """
 
@@ -323,6 +325,15 @@ def _column_info(table: str, row: tuple[Any, ...], *, key: bool) -> ColumnInfo:
     max_chars = typmod - 4 if typname == "varchar" and typmod >= 4 else None
     return ColumnInfo(name=name, pg_type=pg_type, kind=_KINDS[typname],
                       int_range=_INT_RANGES.get(typname), max_chars=max_chars)
+
+
+def table_infos_steps(specs: Mapping[str, TableSpec], *, with_xid: bool) -> Steps:
+    """Each table's ``TableInfo``, its spec checked against the catalog (one read each)."""
+    infos: dict[str, TableInfo] = {}
+    for name, spec in specs.items():
+        rows = yield INTROSPECT_SQL, {"table": name}
+        infos[name] = build_table_info(name, spec, rows, with_xid=with_xid)
+    return infos
 
 
 def build_table_info(table: str, spec: TableSpec, rows: Rows, *,

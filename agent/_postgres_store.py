@@ -7,10 +7,11 @@ one atomically (see ``agent._postgres_sql``); no transaction spans two cells. Ea
 call borrows a connection from a small pool, so threads (or tasks) write in parallel.
 
 psycopg 3 is imported when a store is built; without it the error names the extra
-``cdc-agent[postgres]``. How a call's statements travel (plain, or the verified
-commit) is written once, sans-IO, in ``agent._postgres_protocol``, which also maps
-psycopg's exceptions to ours; ``_drive`` and ``_adrive`` here carry its steps out on
-the pools' connections:
+``cdc-agent[postgres]``. How a call's statements travel (plain, the verified commit,
+or the snapshot's one transaction) is written once, sans-IO, in
+``agent._postgres_protocol``, which also maps psycopg's exceptions to ours, and the
+pool's bookkeeping in ``agent._postgres_pool``; ``_drive``/``_adrive`` and
+``_Pool``/``_AsyncPool`` here only carry the steps out and wait (threads, asyncio):
 
 - a value, row key, table or column the tables cannot hold: ``InvalidWrite``, raised
   before anything is sent;
@@ -31,10 +32,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from agent._postgres_pool import CONNECT, WAIT, PoolSlots
 from agent._postgres_protocol import (
     COMMIT,
     RELEASE,
@@ -45,10 +46,11 @@ from agent._postgres_protocol import (
     Statement,
     XactStatus,
     plain_call,
+    snapshot_call,
     verified_call,
 )
-from agent._postgres_protocol import map_error as _map_error  # tests import it from here
-from agent._postgres_spec import PostgresError, SchemaMismatch, TableSpec
+from agent._postgres_protocol import map_error as _map_error  # noqa: F401 (tests import it)
+from agent._postgres_spec import SchemaMismatch, TableSpec
 from sequencer import ABSENT, Absent, InvalidWrite, RowKey, Value
 
 if TYPE_CHECKING:
@@ -77,6 +79,12 @@ def require_psycopg() -> Any:
     return psycopg
 
 
+def _fit(conn: Any) -> bool:
+    """Fit to be lent again: open, not broken, and not left inside a transaction (a
+    ROLLBACK that failed); libpq's PQTRANS_IDLE is 0."""
+    return not (conn.closed or conn.broken) and conn.pgconn.transaction_status == 0
+
+
 def _drive(pool: _Pool, call: Call, lent: _Entry | None = None) -> Any:
     """Carry a call's connection steps out for threads (``agent._postgres_protocol``
     says what each step means); ``lent``: run its statements on that connection."""
@@ -94,7 +102,7 @@ def _drive(pool: _Pool, call: Call, lent: _Entry | None = None) -> Any:
                     conn, cur = entry
                     if step.begin:  # type: ignore[union-attr]
                         with conn.pipeline():
-                            conn.execute(b"BEGIN", prepare=False)
+                            conn.execute(step.begin, prepare=False)  # type: ignore[union-attr]
                             cur.execute(step.query, step.params)  # type: ignore[union-attr]
                             result = cur.fetchall()
                     else:
@@ -103,12 +111,10 @@ def _drive(pool: _Pool, call: Call, lent: _Entry | None = None) -> Any:
                 elif step is COMMIT:
                     assert entry is not None
                     entry[1].execute(b"COMMIT", prepare=False)
-                elif step is ROLLBACK:
-                    assert entry is not None
-                    conn, cur = entry
-                    if not (conn.closed or conn.broken):
+                elif step is ROLLBACK:  # without a lent connection nothing was sent
+                    if entry is not None and not (entry[0].closed or entry[0].broken):
                         with contextlib.suppress(Exception):
-                            cur.execute(b"ROLLBACK", prepare=False)
+                            entry[1].execute(b"ROLLBACK", prepare=False)
                 elif step is RELEASE:
                     if lent is None and entry is not None:
                         pool.release(entry)
@@ -151,7 +157,8 @@ async def _adrive(pool: _AsyncPool, call: Call, lent: _AsyncEntry | None = None)
                     conn, cur = entry
                     if step.begin:  # type: ignore[union-attr]
                         async with conn.pipeline():
-                            await conn.execute(b"BEGIN", prepare=False)
+                            await conn.execute(step.begin,  # type: ignore[union-attr]
+                                               prepare=False)
                             await cur.execute(step.query, step.params)  # type: ignore[union-attr]
                             result = await cur.fetchall()
                     else:
@@ -160,12 +167,10 @@ async def _adrive(pool: _AsyncPool, call: Call, lent: _AsyncEntry | None = None)
                 elif step is COMMIT:
                     assert entry is not None
                     await entry[1].execute(b"COMMIT", prepare=False)
-                elif step is ROLLBACK:
-                    assert entry is not None
-                    conn, cur = entry
-                    if not (conn.closed or conn.broken):
+                elif step is ROLLBACK:  # without a lent connection nothing was sent
+                    if entry is not None and not (entry[0].closed or entry[0].broken):
                         with contextlib.suppress(Exception):
-                            await cur.execute(b"ROLLBACK", prepare=False)
+                            await entry[1].execute(b"ROLLBACK", prepare=False)
                 elif step is RELEASE:
                     if lent is None and entry is not None:
                         await pool.release(entry)
@@ -244,20 +249,17 @@ class _Base:
 
 
 class _Pool:
-    """At most ``size`` autocommit connections, handed out one per call; broken ones are
-    dropped. The common path (an idle connection is there) takes no lock: ``list.pop``
-    and ``list.append`` are atomic; only running out of connections waits."""
+    """``PoolSlots`` (``agent._postgres_pool``) for threads: autocommit connections made
+    and closed here; a call that finds every slot lent waits on a condition. The common
+    path (an idle connection is there) takes no lock."""
 
     def __init__(self, dsn: str, size: int, connect_timeout: float) -> None:
         self._psycopg = require_psycopg()
         self._dsn = dsn
-        self._size = size
         self._connect_timeout = connect_timeout
-        self._idle: list[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]] = []
-        self._open = 0  # connections in existence (idle or lent)
+        self._slots: PoolSlots[_Entry] = PoolSlots(size)
         self._cond = threading.Condition(threading.Lock())
-        self._waiting = 0
-        self._closed = False
+        self._waiting = 0  # threads in acquire's locked part (a release notifies them)
 
     def connect(self) -> psycopg.Connection[Any]:
         return self._psycopg.connect(  # type: ignore[no-any-return]
@@ -265,62 +267,48 @@ class _Pool:
             connect_timeout=max(1, int(self._connect_timeout)),
         )
 
-    def acquire(self) -> tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]:
+    def acquire(self) -> _Entry:
         """A connection and its binary cursor (made once, reused for every statement)."""
-        if self._closed:
-            raise PostgresError("the PostgreSQL store is closed")
-        try:
-            return self._idle.pop()
-        except IndexError:
-            pass
+        slots = self._slots
+        entry = slots.take_idle()
+        if entry is not None:
+            return entry
         with self._cond:
-            while True:
-                if self._idle:
-                    return self._idle.pop()
-                if self._open < self._size:
-                    self._open += 1
-                    break
-                self._waiting += 1
-                try:
+            # Counted before looking: a release that adds an idle entry after take()
+            # said WAIT then sees a waiter and notifies (no lost wake-up).
+            self._waiting += 1
+            try:
+                while (got := slots.take()) is WAIT:
                     self._cond.wait()
-                finally:
-                    self._waiting -= 1
+            finally:
+                self._waiting -= 1
+        if got is not CONNECT:
+            return got  # type: ignore[return-value]
         try:
             conn = self.connect()
         except BaseException:
-            self._forget()
+            with self._cond:
+                slots.failed()
+                self._cond.notify()
             raise
         return conn, conn.cursor(binary=True)
 
-    def release(self, entry: tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]) -> None:
+    def release(self, entry: _Entry) -> None:
         conn = entry[0]
-        if conn.closed or conn.broken or self._closed:
-            conn.close()
-            self._forget()
+        if self._slots.keep(entry, _fit(conn)):
+            if self._waiting:
+                with self._cond:
+                    self._cond.notify()
             return
-        self._idle.append(entry)
-        if self._waiting:
-            with self._cond:
-                self._cond.notify()
-
-    def _forget(self) -> None:
+        conn.close()
         with self._cond:
-            self._open -= 1
+            self._slots.forget()
             self._cond.notify()
 
-    @contextmanager
-    def connection(self) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]]:
-        entry = self.acquire()
-        try:
-            yield entry
-        finally:
-            self.release(entry)
-
     def close(self) -> None:
-        self._closed = True
         with self._cond:
-            idle, self._idle = self._idle, []
-            self._cond.notify_all()
+            idle = self._slots.shut()
+            self._cond.notify_all()  # waiters see the pool closed
         for conn, _cur in idle:
             conn.close()
 
@@ -336,25 +324,16 @@ class PostgresStore(_Base):
     def __init__(self, dsn: str, tables: Mapping[str, TableSpec], *, pool_size: int = 8,
                  connect_timeout: float = 10.0, verify_commits: bool = False,
                  resolve_timeout: float = 30.0) -> None:
-        from agent._postgres_sql import INTROSPECT_SQL, build_table_info
+        from agent._postgres_sql import table_infos_steps
 
         specs = _check_tables(tables)
         self._verify = verify_commits
         self._resolve_timeout = resolve_timeout
         self._pool = _Pool(dsn, pool_size, connect_timeout)
-        psycopg = self._pool._psycopg
         try:
-            with self._pool.connection() as (conn, _cur):
-                self._infos = {
-                    name: build_table_info(name, spec,
-                                           conn.execute(INTROSPECT_SQL, (name,)).fetchall(),
-                                           with_xid=verify_commits)
-                    for name, spec in specs.items()
-                }
-        except psycopg.Error as exc:
-            self._pool.close()
-            raise PostgresError(f"could not read the table definitions: {exc}") from exc
-        except Exception:
+            self._infos = self._call(table_infos_steps(specs, with_xid=verify_commits),
+                                     "the read of the table definitions", False)
+        except BaseException:
             self._pool.close()
             raise
 
@@ -406,26 +385,9 @@ class PostgresStore(_Base):
         """Every present cell of every table, read in one REPEATABLE READ transaction."""
         from agent._postgres_sql import scan_steps
 
-        psycopg = self._pool._psycopg
-        cells: dict[Cell, Value] = {}
-        try:
-            with self._pool.connection() as entry:
-                conn = entry[0]
-                conn.autocommit = False
-                try:
-                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                    with conn.transaction():
-                        for info in self._infos.values():
-                            cells.update(_drive(self._pool, plain_call(
-                                scan_steps(info), "the snapshot", False, psycopg.Error),
-                                lent=entry))
-                finally:
-                    if not (conn.closed or conn.broken):
-                        conn.isolation_level = None
-                        conn.autocommit = True
-        except psycopg.Error as exc:
-            raise _map_error(exc, "the snapshot", False) from exc
-        return cells
+        return _drive(self._pool, snapshot_call(  # type: ignore[no-any-return]
+            [scan_steps(info) for info in self._infos.values()], "the snapshot",
+            self._pool._psycopg.Error))
 
     def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
         """The cells of up to ``limit`` rows from ``start`` on, in snapshot row order
@@ -457,14 +419,16 @@ class PostgresStore(_Base):
 
 
 class _AsyncPool:
+    """``PoolSlots`` for asyncio: a call that finds every slot lent waits on a condition
+    (made on first use, in the running loop)."""
+
     def __init__(self, dsn: str, size: int, connect_timeout: float) -> None:
         self._psycopg = require_psycopg()
         self._dsn = dsn
-        self._size = size
         self._connect_timeout = connect_timeout
-        self._idle: list[tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]] = []
-        self._slots: asyncio.Semaphore | None = None
-        self._closed = False
+        self._slots: PoolSlots[_AsyncEntry] = PoolSlots(size)
+        self._freed: asyncio.Condition | None = None
+        self._waiting = 0  # tasks in acquire's locked part (a release wakes one)
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         return await self._psycopg.AsyncConnection.connect(  # type: ignore[no-any-return]
@@ -472,44 +436,56 @@ class _AsyncPool:
             connect_timeout=max(1, int(self._connect_timeout)),
         )
 
+    def _condition(self) -> asyncio.Condition:
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        return self._freed
+
     async def acquire(self) -> _AsyncEntry:
         """A connection and its binary cursor (made once, reused for every statement)."""
-        if self._closed:
-            raise PostgresError("the PostgreSQL store is closed")
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._size)
-        await self._slots.acquire()
+        slots = self._slots
+        entry = slots.take_idle()
+        if entry is not None:
+            return entry
+        freed = self._condition()
+        async with freed:
+            self._waiting += 1
+            try:
+                while (got := slots.take()) is WAIT:
+                    await freed.wait()
+            finally:
+                self._waiting -= 1
+        if got is not CONNECT:
+            return got  # type: ignore[return-value]
         try:
-            if self._idle:
-                return self._idle.pop()
             conn = await self.connect()
-            return conn, conn.cursor(binary=True)
         except BaseException:
-            self._slots.release()
+            slots.failed()
+            await self._wake()
             raise
+        return conn, conn.cursor(binary=True)
 
     async def release(self, entry: _AsyncEntry) -> None:
         conn = entry[0]
-        try:
-            if conn.closed or conn.broken or self._closed:
+        if not self._slots.keep(entry, _fit(conn)):
+            try:
                 await conn.close()
-            else:
-                self._idle.append(entry)
-        finally:
-            assert self._slots is not None
-            self._slots.release()
+            finally:
+                self._slots.forget()
+        await self._wake()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[_AsyncEntry]:
-        entry = await self.acquire()
-        try:
-            yield entry
-        finally:
-            await self.release(entry)
+    async def _wake(self, every: bool = False) -> None:
+        freed = self._freed
+        if freed is not None and self._waiting:
+            async with freed:
+                if every:
+                    freed.notify_all()
+                else:
+                    freed.notify()
 
     async def close(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
+        idle = self._slots.shut()
+        await self._wake(every=True)  # waiters see the pool closed
         for conn, _cur in idle:
             await conn.close()
 
@@ -532,21 +508,12 @@ class AsyncPostgresStore(_Base):
         self._opened = False
 
     async def open(self) -> AsyncPostgresStore:
-        from agent._postgres_sql import INTROSPECT_SQL, build_table_info
+        from agent._postgres_sql import table_infos_steps
 
         if self._opened:
             return self
-        psycopg = self._pool._psycopg
-        infos = {}
-        try:
-            async with self._pool.connection() as (conn, _cur):
-                for name, spec in self._specs.items():
-                    cur = await conn.execute(INTROSPECT_SQL, (name,))
-                    infos[name] = build_table_info(name, spec, await cur.fetchall(),
-                                                   with_xid=self._verify)
-        except psycopg.Error as exc:
-            raise PostgresError(f"could not read the table definitions: {exc}") from exc
-        self._infos = infos
+        self._infos = await self._call(table_infos_steps(self._specs, with_xid=self._verify),
+                                       "the read of the table definitions", False)
         self._opened = True
         return self
 
@@ -599,29 +566,13 @@ class AsyncPostgresStore(_Base):
                                 f"the read of {table}[{row!r}]", False)
 
     async def snapshot(self) -> dict[Cell, Value]:
+        """``PostgresStore.snapshot`` for asyncio."""
         from agent._postgres_sql import scan_steps
 
         await self.open()
-        psycopg = self._pool._psycopg
-        cells: dict[Cell, Value] = {}
-        try:
-            async with self._pool.connection() as entry:
-                conn = entry[0]
-                await conn.set_autocommit(False)
-                try:
-                    await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
-                    async with conn.transaction():
-                        for info in self._infos.values():
-                            cells.update(await _adrive(self._pool, plain_call(
-                                scan_steps(info), "the snapshot", False, psycopg.Error),
-                                lent=entry))
-                finally:
-                    if not (conn.closed or conn.broken):
-                        await conn.set_isolation_level(None)
-                        await conn.set_autocommit(True)
-        except psycopg.Error as exc:
-            raise _map_error(exc, "the snapshot", False) from exc
-        return cells
+        return await _adrive(self._pool, snapshot_call(  # type: ignore[no-any-return]
+            [scan_steps(info) for info in self._infos.values()], "the snapshot",
+            self._pool._psycopg.Error))
 
     async def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
         """``PostgresStore.list_cells`` for asyncio."""

@@ -71,14 +71,23 @@ _MAX_UNREAD = 512  # pipelined replies left unread at most (they are ~30 bytes e
 class _Connection:
     """One socket to the sidecar, under a lock. ``call`` waits for its reply; ``post``
     pipelines a request whose reply is read later (its error, if any, is raised by the
-    next ``call``)."""
+    next ``call``).
+
+    Protocol 2 is asked for first (a sidecar that speaks only 1 refuses it, and the
+    connection says hello again with 1): then a posted request that succeeds gets no
+    reply at all, and a waited-for request carries an id, so that the lines read before
+    its reply are the failures of posted requests.
+    """
 
     def __init__(self, path: str, client: str, timeout: float | None,
                  durable: bool = False) -> None:
         self.path = path
         self.broken = False
         self._lock = threading.Lock()
-        self._unread = 0
+        self._unread = 0  # protocol 1: replies of posted requests not read yet
+        self._quiet = False  # protocol 2: posted requests that succeed get no reply
+        self._posted = 0  # protocol 2: posted since the last waited-for request
+        self._next_id = 0
         self._deferred: dict[str, Any] | None = None  # the first failed pipelined reply
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -91,7 +100,14 @@ class _Connection:
         self._sock = sock
         self._file = sock.makefile("rb")
         extra = {"durable": True} if durable else {}
-        hello = self.call("hello", protocol=p.PROTOCOL_VERSION, client=client, **extra)
+        try:
+            hello = self.call("hello", protocol=p.PROTOCOL_VERSION, client=client, **extra)
+        except SidecarError as exc:
+            if exc.code != p.UNSUPPORTED_PROTOCOL:
+                raise
+            hello = self.call("hello", protocol=1, client=client, **extra)  # an older sidecar
+        self.protocol = int(hello.get("protocol", 1))
+        self._quiet = self.protocol >= 2
         self.domain_id = int(hello["domain_id"], 16)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -108,9 +124,7 @@ class _Connection:
         request that failed before it, if any (for a caller that must act on a
         successful reply whatever failed earlier)."""
         with self._lock:
-            self._send(op, fields)
-            self._read_unread(op)
-            reply = self._read(op)
+            reply = self._round_trip(op, fields)
             deferred, self._deferred = self._deferred, None
         if deferred is not None:
             return reply, _error(deferred, "a pipelined request failed earlier: ")
@@ -122,7 +136,10 @@ class _Connection:
             if self.broken:
                 return None
             try:
-                self._read_unread("close")
+                if self._quiet:  # the failures of posted requests come before its reply
+                    self._round_trip("ping", {})
+                else:
+                    self._read_unread("close")
             except SidecarUnavailable:
                 return None
             deferred, self._deferred = self._deferred, None
@@ -135,15 +152,38 @@ class _Connection:
         """
         with self._lock:
             self._send(op, fields)
+            if self._quiet:
+                self._posted += 1
+                if self._posted >= _MAX_UNREAD:  # failures must not pile up unread
+                    self._round_trip("ping", {})
+                return
             self._unread += 1
             if self._unread >= _MAX_UNREAD:  # keep the sidecar's replies flowing
                 self._read_unread(op)
 
-    def _send(self, op: str, fields: dict[str, Any]) -> None:
+    def _round_trip(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Under the lock: send a request and read its reply (ok or not); a failure of
+        a posted request read on the way is kept in ``_deferred``."""
+        if not self._quiet:
+            self._send(op, fields)
+            self._read_unread(op)
+            return self._read(op)
+        self._next_id += 1
+        request_id = self._next_id
+        self._send(op, fields, request_id)
+        self._posted = 0
+        while True:
+            reply = self._read(op)
+            if reply.get("id") == request_id:
+                return reply
+            if not reply["ok"] and self._deferred is None:  # a posted request failed
+                self._deferred = reply
+
+    def _send(self, op: str, fields: dict[str, Any], request_id: int | None = None) -> None:
         if self.broken:
             raise SidecarUnavailable(f"the connection to {self.path} broke earlier")
         try:
-            self._sock.sendall(p.encode_request(op, **fields))
+            self._sock.sendall(p.encode_request(op, request_id, **fields))
         except OSError as exc:
             self.broken = True
             raise SidecarUnavailable(f"the connection to the sidecar at {self.path} "

@@ -1,8 +1,9 @@
-"""The sidecar's wire protocol, sans-IO: JSON lines in, JSON lines out (version 1).
+"""The sidecar's wire protocol, sans-IO: JSON lines in, JSON lines out (versions 1, 2).
 
 Each message is one JSON object on one line (UTF-8, ended by ``\\n``). A request names
 its ``op``; an optional ``id`` (any JSON scalar) is echoed in the reply. Replies come
-in request order, one per request: ``{"id": ..., "ok": true, ...}`` or
+in request order, one per request (version 2: none for a successful ``events`` or
+non-durable ``close``): ``{"id": ..., "ok": true, ...}`` or
 ``{"id": ..., "ok": false, "error": CODE, "message": TEXT}``. The full description,
 with an example session, is ``docs/sidecar.md``.
 
@@ -48,6 +49,7 @@ from sequencer import (
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "SUPPORTED_PROTOCOLS",
     "Close",
     "Event",
     "Events",
@@ -70,7 +72,11 @@ __all__ = [
     "parse_request",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+# Version 2 (asked for in hello) differs from 1 in one way: a successful ``events`` or
+# non-durable ``close`` gets no reply (a failure still does, echoing the request's id),
+# so a client tells replies apart by the ids it gives the requests it waits for.
+SUPPORTED_PROTOCOLS: Final = (1, 2)
 INT64_MIN: Final = -(1 << 63)
 INT64_MAX: Final = (1 << 63) - 1
 
@@ -163,10 +169,22 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once: json.loads and json.dumps with options build a new decoder or encoder per
+# call, a measurable share of a request's cost.
+_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant)
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def parse_request(line: bytes | str) -> Request:
     """Decode and check one request line; raise ``ProtocolError`` with the reply's code."""
     try:
-        message = json.loads(line, parse_constant=_refuse_constant)
+        if not isinstance(line, str):  # as json.loads decodes bytes
+            # A line opening with two non-NUL bytes other than a BOM is UTF-8 to
+            # json.detect_encoding too: skip asking it (the common case).
+            utf8 = len(line) > 1 and line[0] == 0x7B and line[1] != 0
+            line = line.decode("utf-8" if utf8 else json.detect_encoding(line),
+                               "surrogatepass")
+        message = _DECODER.decode(line)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(BAD_JSON, f"the line is not valid JSON: {exc}") from None
     if type(message) is not dict:
@@ -378,8 +396,7 @@ def encode_event(event: Event) -> list[Any]:
 
 
 def _line(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False).encode("utf-8") + b"\n"
+    return _ENCODER.encode(message).encode("utf-8") + b"\n"
 
 
 def encode_request(op: str, request_id: RequestId = None, **fields: Any) -> bytes:

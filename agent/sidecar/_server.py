@@ -34,7 +34,13 @@ from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
 
-__all__ = ["SOCKET_MODE", "Sidecar", "SidecarAddressInUse", "SidecarSocketError"]
+__all__ = [
+    "DEFAULT_MAX_QUIESCENCE_INTERVAL",
+    "SOCKET_MODE",
+    "Sidecar",
+    "SidecarAddressInUse",
+    "SidecarSocketError",
+]
 
 log = structlog.get_logger()
 
@@ -44,6 +50,11 @@ MAX_BUFFERED: Final = 64 << 20  # bytes of unhandled requests held across all co
 # put the clients' users in the sidecar's group, or pass socket_mode=0o666.
 SOCKET_MODE: Final = 0o660
 _MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final NUL
+# Forced quiescence is on by default here (the Agent's default is off). Clients pipeline
+# a batch's close with their next open, and the sidecar handles the two back to back, so
+# busy clients leave no moment without an open batch: without it a loaded sidecar may
+# never reach a quiescence point, and consumers, who cut only there, would see nothing.
+DEFAULT_MAX_QUIESCENCE_INTERVAL: Final = 0.1  # seconds
 
 
 class _OverBudget(Exception):
@@ -163,6 +174,7 @@ class _Connection:
     client: str = ""
     greeted: bool = False
     durable: bool = False  # closes answer once durable in the sink (hello's "durable")
+    quiet: bool = False  # protocol 2: no reply to a successful events or plain close
     batches: dict[str, _Batch] = field(default_factory=dict)
 
 
@@ -170,7 +182,9 @@ class Sidecar(_Capture):
     """The capture core (sequencer, shipping) serving clients on a Unix socket.
 
     ``Sidecar(sink, on_quiescence=..., grace_period=5.0, max_line=16 MiB,
-    **agent_options)`` takes the options of ``Agent`` (no store).
+    **agent_options)`` takes the options of ``Agent`` (no store), except that
+    ``max_quiescence_interval`` defaults to ``DEFAULT_MAX_QUIESCENCE_INTERVAL`` (0.1 s;
+    ``None`` turns forced quiescence off).
     ``await sidecar.serve(path)`` serves until ``stop()`` (thread-safe) or, with
     ``handle_signals=True``, SIGTERM or SIGINT.
     """
@@ -180,6 +194,7 @@ class Sidecar(_Capture):
         if max_buffered < max_line:
             raise ValueError(f"max_buffered ({max_buffered}) must be at least max_line "
                              f"({max_line}): one whole request must fit")
+        options.setdefault("max_quiescence_interval", DEFAULT_MAX_QUIESCENCE_INTERVAL)
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self._budget = _Budget(max_buffered)
         self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
@@ -381,13 +396,15 @@ class Sidecar(_Capture):
             reply = await self._answer(connection, line)
             if writer.is_closing():
                 continue  # the client is gone: still take in every request it sent
-            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
-                held.append(reply)  # pipelined requests wait in the buffer: answer them
-                continue            # together, one write for a run of replies
-            if held:
+            if reply:  # empty: a protocol 2 success that needs no reply
                 held.append(reply)
-                reply = b"".join(held)
-                held.clear()
+            if not held:
+                continue
+            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
+                continue  # pipelined requests wait in the buffer: answer them together,
+                          # one write for a run of replies
+            reply = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
             writer.write(reply)
             try:
                 await writer.drain()
@@ -424,14 +441,16 @@ class Sidecar(_Capture):
         if type(request) is p.Health:
             return self._health(request)
         if type(request) is p.Hello:
-            if request.protocol != p.PROTOCOL_VERSION:
+            if request.protocol not in p.SUPPORTED_PROTOCOLS:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
                                       f"protocol {request.protocol} is not supported; this "
-                                      f"sidecar speaks {p.PROTOCOL_VERSION}")
+                                      "sidecar speaks "
+                                      f"{' and '.join(map(str, p.SUPPORTED_PROTOCOLS))}")
             connection.greeted = True
             connection.client = request.client
             connection.durable = request.durable
-            return p.encode_reply(request.id, protocol=p.PROTOCOL_VERSION,
+            connection.quiet = request.protocol >= 2
+            return p.encode_reply(request.id, protocol=request.protocol,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
             raise p.ProtocolError(p.HELLO_REQUIRED, "send {\"op\": \"hello\", \"protocol\": "
@@ -459,6 +478,8 @@ class Sidecar(_Capture):
                 if durable:  # answer once the batch's records are durable in the sink
                     await self._durable()
                     return p.encode_reply(request.id, events=count, durable=True)
+            if connection.quiet:
+                return b""  # protocol 2: success needs no reply
             return p.encode_reply(request.id, events=count)
         if not isinstance(request, p.Flush):  # a baseline: agent.sidecar._snapshot_ops
             from agent.sidecar._snapshot_ops import handle_snapshot

@@ -138,7 +138,7 @@ def test_a_call_that_wrote_nothing_loses_nothing_when_commit_breaks() -> None:
         return "r"
 
     call = pp.verified_call(reads(), "the read", DbError, 1.0)
-    assert next(call) == pp.Statement(b"q", {}, begin=True)
+    assert next(call) == pp.Statement(b"q", {}, begin=pp.BEGIN)
     assert call.send([]) is pp.COMMIT
     assert call.throw(DbError(None)) is pp.RELEASE
     with pytest.raises(StopIteration) as done:
@@ -155,5 +155,80 @@ def test_a_bug_in_the_steps_rolls_back_and_goes_on_unmapped() -> None:
     call = pp.verified_call(broken(), "the write", DbError, 1.0)
     next(call)
     assert call.send([("x", "xid")]) is pp.ROLLBACK
+    with pytest.raises(KeyError):
+        call.send(None)
+
+
+# -- snapshot_call: several scans as of one moment -------------------------------------------
+
+
+def scan(table: str, rows: int) -> Generator[Any, Any, Any]:
+    """A scan of one statement whose rows become {(table, i): value}."""
+    found = yield (f"select {table}".encode(), {})
+    return {(table, i): value for i, value in found[:rows]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=4), st.one_of(st.none(), st.integers(0, 5)),
+       st.sampled_from([None, "40001"]))
+def test_a_snapshot_reads_every_scan_in_one_transaction_or_fails_cleanly(
+        tables: list[int], fail_at: int | None, sqlstate: str | None) -> None:
+    """BEGIN (repeatable read, read only) rides with the first statement, every scan's
+    statement follows, COMMIT ends it; any failure rolls back, is mapped to a
+    PostgresError saying nothing changed, and nothing is committed after it."""
+    names = [f"t{i}" for i in range(len(tables))]
+    call = pp.snapshot_call([scan(n, r) for n, r in zip(names, tables, strict=True)],
+                            "the snapshot", DbError)
+    seen: list[Any] = []
+    outcome: Any
+    sent = 0  # Statement and COMMIT steps, the ones that can fail
+    try:
+        step = next(call)
+        while True:
+            seen.append(step)
+            error: Exception | None = None
+            result: Any = None
+            if isinstance(step, pp.Statement) or step is pp.COMMIT:
+                if sent == fail_at:
+                    error = DbError(sqlstate)
+                elif isinstance(step, pp.Statement):
+                    result = [(i, f"{step.query.decode()}#{i}") for i in range(3)]
+                sent += 1
+            step = call.throw(error) if error is not None else call.send(result)
+    except StopIteration as stop:
+        outcome = stop.value
+    except Exception as exc:
+        outcome = exc
+    statements = [s for s in seen if isinstance(s, pp.Statement)]
+    assert [bool(s.begin) for s in statements] == [i == 0 for i in range(len(statements))]
+    if statements:
+        assert statements[0].begin == pp.SNAPSHOT_BEGIN
+    assert [s.query for s in statements] == [f"select {n}".encode()
+                                             for n in names][:len(statements)]
+    if not tables:
+        assert outcome == {} and seen == []
+        return
+    if fail_at is None or fail_at > len(tables):
+        expected = {(n, i): f"select {n}#{i}" for n, r in zip(names, tables, strict=True)
+                    for i in range(min(r, 3))}
+        assert outcome == expected and seen[-1] is pp.COMMIT
+        assert pp.ROLLBACK not in seen
+        return
+    assert type(outcome) is PostgresError and "nothing changed" in str(outcome)
+    assert isinstance(outcome.__cause__, DbError)
+    assert seen[-1] is pp.ROLLBACK and seen.count(pp.ROLLBACK) == 1
+    assert len(statements) == min(fail_at + 1, len(tables))
+    assert (pp.COMMIT in seen) == (fail_at == len(tables))  # only a failed COMMIT was sent
+
+
+def test_a_bug_in_a_scan_rolls_back_and_goes_on_unmapped() -> None:
+    """An error of the scan itself (not the driver's) rolls back and is not mapped."""
+    def broken() -> Generator[Any, Any, Any]:
+        yield (b"q", {})
+        raise KeyError("bug")
+
+    call = pp.snapshot_call([broken()], "the snapshot", DbError)
+    assert next(call).begin == pp.SNAPSHOT_BEGIN
+    assert call.send([]) is pp.ROLLBACK
     with pytest.raises(KeyError):
         call.send(None)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -535,7 +536,7 @@ def test_unreachable_server_is_a_clear_error() -> None:
     """Nothing listening: the constructor says it could not read the tables."""
     from tests.services._proc import free_port
 
-    with pytest.raises(PostgresError, match="could not read the table definitions"):
+    with pytest.raises(PostgresError, match="read of the table definitions failed"):
         PostgresStore(f"host=127.0.0.1 port={free_port()} user=postgres dbname=x",
                       TABLES, connect_timeout=2)
 
@@ -604,3 +605,115 @@ def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
         require_psycopg()
     with pytest.raises(ImportError, match=r"cdc-agent\[postgres\]"):
         PostgresStore("host=127.0.0.1", TABLES)
+
+
+# -- the pools and the snapshot (one definition, agent._postgres_pool / _protocol) -------------
+
+
+def test_a_connection_left_inside_a_transaction_is_not_lent_again(dsn: str) -> None:
+    """A connection given back inside a transaction (a ROLLBACK that could not be sent)
+    is closed, not lent: the next write commits on its own, for threads and asyncio."""
+    with PostgresStore(dsn, TABLES, pool_size=1) as sync_store:
+        entry = sync_store._pool.acquire()
+        entry[0].execute(b"BEGIN")
+        sync_store._pool.release(entry)
+        assert entry[0].closed
+        row = _fresh_row("cells")
+        sync_store.exchange("cells", row, "s", "committed")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        assert other.execute("SELECT s FROM cells WHERE k = %s", (row,)).fetchone() == (
+            "committed",)
+
+    async def main() -> None:
+        async with AsyncPostgresStore(dsn, TABLES, pool_size=1) as astore:
+            entry = await astore._pool.acquire()
+            await entry[0].execute(b"BEGIN")
+            await astore._pool.release(entry)
+            assert entry[0].closed
+            assert (await astore.exchange("cells", row, "s", "again")) == "committed"
+
+    asyncio.run(main())
+    with PostgresStore(dsn, TABLES, pool_size=1) as check:
+        assert check.get("cells", row, "s") == "again"
+
+
+def test_a_closed_store_refuses_calls_and_waiters_give_up(dsn: str) -> None:
+    """After close() a call gets a clear PostgresError, also one that was waiting for a
+    connection when the store closed."""
+    store = PostgresStore(dsn, TABLES, pool_size=1)
+    held = store._pool.acquire()
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            store.get("cells", 1, "s")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not store._pool._waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    store.close()
+    thread.join(10)
+    store._pool.release(held)
+    assert held[0].closed
+    assert [type(e) for e in errors] == [PostgresError]
+    assert "closed" in str(errors[0])
+    with pytest.raises(PostgresError, match="closed"):
+        store.snapshot()
+
+
+def test_a_snapshot_sees_every_table_as_of_one_moment(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write committed between the scans of two tables is not in the snapshot (one
+    REPEATABLE READ transaction), for threads and asyncio; the next snapshot has it."""
+    import agent._postgres_sql as sql
+
+    scan_steps = sql.scan_steps
+    row = f"r{next(_row_ids)}"
+    writes = iter(range(1, 100))
+
+    def scan_then_write(info: Any) -> Any:
+        cells = yield from scan_steps(info)
+        if info.name == "cells":  # between the two scans, another client writes
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute("INSERT INTO plain (k, n) VALUES (%s, %s) ON CONFLICT (k) "
+                              "DO UPDATE SET n = excluded.n", (row, next(writes)))
+        return cells
+
+    monkeypatch.setattr(sql, "scan_steps", scan_then_write)
+    with PostgresStore(dsn, TABLES, pool_size=1) as sync_store:
+        assert ("plain", row, "n") not in sync_store.snapshot()
+        assert sync_store.snapshot()[("plain", row, "n")] == 1
+
+    async def main() -> None:
+        async with AsyncPostgresStore(dsn, TABLES, pool_size=1) as astore:
+            assert (await astore.snapshot())[("plain", row, "n")] == 2
+
+    asyncio.run(main())
+
+
+def test_asyncio_calls_share_one_connection_and_waiters_see_a_close(dsn: str) -> None:
+    """With pool_size=1, concurrent tasks take turns on the one connection (each call
+    gets it in the end); a task still waiting when the store closes gets PostgresError."""
+    async def main() -> None:
+        async with AsyncPostgresStore(dsn, TABLES, pool_size=1) as astore:
+            row = _fresh_row("cells")
+            await asyncio.gather(*(astore.exchange("cells", row, "i", n) for n in range(20)))
+            assert await astore.get("cells", row, "i") in range(20)
+            held = await astore._pool.acquire()
+            waiter = asyncio.ensure_future(astore.get("cells", row, "i"))
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if astore._pool._waiting:
+                    break
+            assert astore._pool._waiting == 1
+            await astore.close()
+            with pytest.raises(PostgresError, match="closed"):
+                await waiter
+            await astore._pool.release(held)
+            assert held[0].closed
+
+    asyncio.run(main())

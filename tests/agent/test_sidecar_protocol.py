@@ -130,4 +130,38 @@ def test_the_sidecar_package_exports_are_pinned() -> None:
     assert agent.sidecar.__all__ == [
         "PROTOCOL_VERSION", "ProtocolError", "Sidecar", "SidecarAddressInUse",
         "SidecarClient", "SidecarError", "SidecarSocketError", "SidecarUnavailable"]
-    assert agent.sidecar.PROTOCOL_VERSION == 1
+    assert agent.sidecar.PROTOCOL_VERSION == 2
+
+
+def _as_json_loads_sees_it(line: bytes) -> bool:
+    """Whether json.loads (bytes: encoding detected, surrogates passed) reads a dict."""
+    def refuse(name: str) -> object:
+        raise ValueError(name)
+
+    try:
+        return type(json.loads(line, parse_constant=refuse)) is dict
+    except (ValueError, RecursionError):
+        return False
+
+
+_LINES = st.one_of(
+    st.binary(max_size=30),
+    st.binary(max_size=30).map(lambda b: b"{" + b),
+    st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b""]).flatmap(
+        lambda bom: st.sampled_from(["utf-8", "utf-16-le", "utf-16-be", "utf-32-le"]).map(
+            lambda enc: bom + '{"op": "ping", "x": "\u00e9"}'.encode(enc))),
+    st.text(max_size=20).map(lambda t: json.dumps({"op": "ping", "t": t}).encode()),
+    st.just(b'{"op": "ping", "s": "\xed\xa0\x80"}'),  # a lone surrogate, UTF-8 encoded
+)
+
+
+@given(_LINES)
+def test_request_bytes_decode_exactly_as_json_loads_would(line: bytes) -> None:
+    """A line is bad_json exactly when json.loads would not read an object from it (the
+    UTF-8 fast path changes nothing: BOMs, UTF-16/32, encoded surrogates alike)."""
+    try:
+        p.parse_request(line)
+        code = None
+    except p.ProtocolError as exc:
+        code = exc.code
+    assert (code == p.BAD_JSON) == (not _as_json_loads_sees_it(line))

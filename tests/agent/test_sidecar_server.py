@@ -15,6 +15,7 @@ import structlog
 
 from agent import ABSENT, AgentClosed, InvalidWrite, MemoryStore
 from agent.sidecar import SidecarAddressInUse, SidecarClient, SidecarError
+from agent.sidecar._server import DEFAULT_MAX_QUIESCENCE_INTERVAL
 from tests.agent._sidecar import Raw, Served, short_dir
 from tests.helpers import bits
 
@@ -72,9 +73,7 @@ def _writer(client: SidecarClient, seed: int, batches: int) -> None:
 def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path) -> None:
     """Six threads write overlapping cells through the sidecar; every quiescent snapshot
     the log replays to equals the shared store's state at that point, and at the end."""
-    # Closes are pipelined, so six busy threads may never leave the sequencer without
-    # an open batch by chance: forced quiescence makes sure there are several points.
-    served = Served(folder / "s", max_quiescence_interval=0.02)
+    served = Served(folder / "s")  # the sidecar's default forced quiescence: points
     client = SidecarClient(str(folder / "s"), served.store)
     errors: list[BaseException] = []
 
@@ -96,6 +95,32 @@ def test_threads_on_a_shared_store_replay_to_every_quiescent_state(folder: Path)
     assert served.check_against_store() > 1
     assert served.sink.closed
     assert not (folder / "s").exists()
+
+
+def test_sustained_load_still_reaches_quiescence_by_default(folder: Path) -> None:
+    """Two connections whose batches overlap without end never quiesce by chance; with
+    no option given, forced quiescence holds the next open once the default interval
+    has passed, until the open batch closes: a quiescence point."""
+    now = [0]
+    served = Served(folder / "s", clock_ns=lambda: now[0])
+    a, b = Raw(folder / "s"), Raw(folder / "s")
+    held = {"a": a.open(), "b": b.open()}
+    for step in range(6):  # each connection closes and reopens while the other is open
+        raw, name = (a, "a") if step % 2 == 0 else (b, "b")
+        assert raw.call({"op": "close", "batch": held[name]})["ok"]
+        held[name] = raw.open()
+    assert not served.at_quiescence
+    now[0] = int(DEFAULT_MAX_QUIESCENCE_INTERVAL * 1e9) + 1
+    a.call({"op": "close", "batch": held["a"]})
+    a.send({"op": "open"})  # held back: b's batch is still open
+    assert not served.quiesced.wait(0.2)
+    b.call({"op": "close", "batch": held["b"]})
+    assert served.quiesced.wait(10)  # b's close drained the sequencer
+    assert a.reply()["ok"]  # and a's open went through after the point
+    a.close()
+    b.close()
+    served.stop()
+    assert served.check_against_store() == 2
 
 
 def test_client_api_matches_the_agent(folder: Path) -> None:
@@ -488,3 +513,69 @@ def test_report_batch_sends_a_batch_s_events_with_its_close(folder: Path) -> Non
     assert served.check_against_store() >= 1
     with pytest.raises(ValueError, match="report="):
         SidecarClient(str(folder / "s"), served.store, report="sometimes")
+
+
+def test_protocol_2_answers_only_failures_of_events_and_closes(folder: Path) -> None:
+    """A version 1 client gets one reply per request, as before; a version 2 client gets
+    none for a successful events or plain close, a failure's reply (its id echoed) in
+    request order, and a reply to every other request."""
+    served = Served(folder / "s")
+    served.store.exchange("t", 1, "a", 1)  # the write the old client reports
+    old = Raw(folder / "s")  # hello protocol 1
+    batch = old.open()
+    event = ["t", 1, "a", {"absent": True}, 1]
+    assert old.call({"op": "events", "batch": batch, "events": [event]})["events"] == 1
+    assert old.call({"op": "close", "batch": batch}) == {"id": None, "ok": True, "events": 1}
+
+    new = Raw(folder / "s", hello=False)
+    assert new.call({"op": "hello", "protocol": 2})["protocol"] == 2
+    batch = new.open()
+    served.store.exchange("t", 2, "a", 2)
+    new.send({"op": "events", "batch": batch, "events": [["t", 2, "a", {"absent": True}, 2]]})
+    new.send({"op": "events", "id": 7, "batch": "nope", "events": []})  # fails: answered
+    new.send({"op": "close", "batch": batch})
+    new.send({"op": "close", "id": 8, "batch": batch})  # closed already: answered
+    new.send({"op": "ping", "id": 9})
+    assert [(r["id"], r.get("error")) for r in (new.reply(), new.reply())] == [
+        (7, "unknown_batch"), (8, "unknown_batch")]
+    assert new.reply() == {"id": 9, "ok": True}
+    assert new.call({"op": "flush"}) == {"id": None, "ok": True}
+    new.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        new.reply()  # nothing else was answered
+    old.close()
+    new.close()
+    served.stop()
+    assert served.check_against_store() >= 1
+    assert len(served.sink.events) == 2
+
+
+def test_protocol_2_failures_reach_the_client_and_old_sidecars_still_serve_it(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client raises a posted request's failure at the next waited-for request
+    (protocol 2); against a sidecar that speaks only version 1 it says hello again with
+    1 and captures all the same."""
+    from agent.sidecar import _protocol
+
+    served = Served(folder / "s")
+    client = SidecarClient(str(folder / "s"), served.store)
+    connection = client._connection()
+    assert connection.protocol == 2
+    connection.post("events", batch="nope", events=[])
+    with pytest.raises(SidecarError, match="unknown_batch: a pipelined request failed"):
+        client.set("t", 1, "a", 1)
+    client.set("t", 1, "a", 2)
+    client.close()
+    served.stop()
+
+    monkeypatch.setattr(_protocol, "SUPPORTED_PROTOCOLS", (1,))  # an older sidecar
+    older = Served(folder / "o")
+    with SidecarClient(str(folder / "o"), older.store) as client:
+        assert client._connection().protocol == 1
+        with client.batch():
+            client.set("t", 1, "a", 1)
+            client.set("t", 2, "a", 2)
+        client.flush()
+    older.stop()
+    assert older.check_against_store() >= 1
+    assert len(older.sink.events) == 2

@@ -357,3 +357,22 @@ def test_setsum_vectors_for_wal3_manifests() -> None:
         manifest = Manifest.new_empty("v").apply_fragments(frags, "v")
         assert manifest.setsum.hexdigest() == case["a_plus_b"]
         manifest.scrub()
+
+
+def test_fragments_are_plain_snappy_with_statistics_only_for_offsets() -> None:
+    """A fragment is Snappy Parquet without dictionary pages, with min/max for offset and
+    timestamp_us but none for the bodies (cheaper to write), and decodes as written."""
+    bodies = [b"x" * 3000, b"y" * 3000, b"x" * 3000]
+    data, setsum = encode_fragment(41, 7, bodies)
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    assert meta.num_row_groups == 1
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i)
+               for i in range(meta.num_columns)}
+    for column in columns.values():
+        assert column.compression == "SNAPPY"
+        assert not any("DICTIONARY" in e for e in column.encodings), column.encodings
+    assert (columns["offset"].statistics.min, columns["offset"].statistics.max) == (41, 43)
+    assert columns["timestamp_us"].statistics.has_min_max
+    assert columns["body"].statistics is None or not columns["body"].statistics.has_min_max
+    decoded = decode_fragment(data)
+    assert (decoded.start, decoded.bodies, decoded.setsum) == (41, bodies, setsum)
