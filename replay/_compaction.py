@@ -47,14 +47,15 @@ from sinks.wal3 import (
     StateDelta,
     StateIndex,
     check_accounting,
+    check_chain,
     iter_state_deltas,
     load_state_index,
     moved_setsum,
     publish_state_index,
     record_setsum,
+    state_moves,
     write_state_objects,
 )
-from sinks.wal3._state import check_chain, state_moves
 
 __all__ = ["CompactionReport", "checkpoint_log", "collect_log", "compact_log"]
 

@@ -50,10 +50,12 @@ from sinks.wal3._state import (
     StateDelta,
     StateIndex,
     check_accounting,
+    check_chain,
     iter_state_deltas,
     load_state_index,
     moved_setsum,
     publish_state_index,
+    state_moves,
     state_setsum,
     write_state_objects,
 )
@@ -107,6 +109,7 @@ __all__ = [
     "WriterOptions",
     "as_store",
     "check_accounting",
+    "check_chain",
     "compute_garbage",
     "continue_log",
     "decode_fragment",
@@ -122,6 +125,7 @@ __all__ = [
     "record_setsum",
     "seal_log",
     "snapshot_path",
+    "state_moves",
     "state_setsum",
     "write_state_objects",
 ]
