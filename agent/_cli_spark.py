@@ -27,7 +27,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add ``cdc-agent spark ...`` to the parser."""
     parser = subparsers.add_parser(
-        "spark", help="replay a wal3 log in Spark: snapshot, changesets, verify",
+        "spark", help="replay a wal3 log or Kafka topic in Spark: snapshot, changesets, verify",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="spark_command", metavar="ACTION", required=True)
     for name, help_text in (

@@ -19,9 +19,12 @@ import pytest
 
 from replay import InconsistentLog
 from replay.kafka import consume_consistent
+from sequencer import EpochRecord
 from sinks.codec import (
     HEADER_PARTITION,
+    HEADER_WHOLE,
     NATIVE_MAGIC,
+    decode,
     decode_native_event,
     encode_value,
 )
@@ -197,16 +200,26 @@ def _conflict(ms: list[Message]) -> list[Message]:
     return [*ms[:i + 1], _altered(ms[i]), *ms[i + 1:]]
 
 
+def _whole(m: Message) -> EpochRecord:
+    """The whole epoch record a marker carries."""
+    record = decode(dict(m[3])[HEADER_WHOLE])
+    assert isinstance(record, EpochRecord)
+    return record
+
+
 def _late(ms: list[Message]) -> list[Message]:
-    """An event moved after its partition's next marker."""
+    """An event moved after its partition's marker of its epoch."""
     i = _event_at(ms, 40)
-    j = next(k for k in range(i + 1, len(ms)) if _is_marker(ms[k]) and ms[k][0] == ms[i][0])
-    return ms[:i] + ms[i + 1:j + 1] + [ms[i]] + ms[j + 1:]
+    domain = decode_native_event(ms[i][2] or b"").domain_id
+    j = next(k for k in range(i + 1, len(ms)) if _is_marker(ms[k]) and ms[k][0] == ms[i][0]
+             and _whole(ms[k]).domain_id == domain)
+    return [*ms[:i], *ms[i + 1:j + 1], ms[i], *ms[j + 1:]]
 
 
 def _marker_gone(ms: list[Message]) -> list[Message]:
     """One partition loses one epoch marker in the middle of the topic."""
-    markers = [i for i, m in enumerate(ms) if _is_marker(m) and m[0] == 1]
+    markers = [i for i, m in enumerate(ms)
+               if _is_marker(m) and m[0] == 1 and _whole(m).epoch_seq > 2]
     i = markers[len(markers) // 2]
     return ms[:i] + ms[i + 1:]
 
@@ -259,7 +272,7 @@ def test_damaged_topic_is_refused_or_harmless(
 
 
 def test_bad_uri_and_encoding(spark: Any, native: Logged, debezium: Logged) -> None:
-    from replay.spark import LogReplay
+    from replay.spark import LogReplay, stream_changesets
 
     with pytest.raises(ValueError, match="kafka://host:port/topic"):
         LogReplay(spark, "kafka://nohost")
@@ -270,3 +283,23 @@ def test_bad_uri_and_encoding(spark: Any, native: Logged, debezium: Logged) -> N
     log = LogReplay(spark, debezium.uri)  # a Debezium topic read as native
     with pytest.raises(InconsistentLog, match="not a cdc-agent native record"):
         log.verify()
+    with pytest.raises(ValueError, match="is a Kafka topic"):
+        stream_changesets(spark, native.uri, "/nowhere", checkpoint="/nowhere-c")
+
+
+def test_cli_reads_a_topic(spark: Any, debezium: Logged, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`cdc-agent spark snapshot|verify kafka://... --encoding debezium`; a topic read in
+    the wrong encoding is inconsistent (exit 1)."""
+    from agent.cli import main
+    from replay.spark import to_state
+
+    out = str(tmp_path / "state")
+    assert main(["spark", "snapshot", debezium.uri, "--encoding", "debezium",
+                 "--out", out]) == 0
+    assert "written to" in capsys.readouterr().err
+    assert bits(to_state(spark.read.parquet(out))) == debezium.final
+    assert main(["spark", "verify", debezium.uri, "--encoding", "debezium"]) == 0
+    assert "consistent" in capsys.readouterr().err
+    assert main(["spark", "verify", debezium.uri]) == 1
+    assert "not a cdc-agent native record" in capsys.readouterr().err
