@@ -208,11 +208,13 @@ def _whole(m: Message) -> EpochRecord:
 
 
 def _late(ms: list[Message]) -> list[Message]:
-    """An event moved after its partition's marker of its epoch."""
+    """An event moved after its partition's marker of its epoch (a marker of an earlier
+    epoch may follow it: events ship before their epoch closes)."""
     i = _event_at(ms, 40)
-    domain = decode_native_event(ms[i][2] or b"").domain_id
+    event = decode_native_event(ms[i][2] or b"")
     j = next(k for k in range(i + 1, len(ms)) if _is_marker(ms[k]) and ms[k][0] == ms[i][0]
-             and _whole(ms[k]).domain_id == domain)
+             and _whole(ms[k]).domain_id == event.domain_id
+             and _whole(ms[k]).begin_id <= event.batch_id < _whole(ms[k]).end_id)
     return [*ms[:i], *ms[i + 1:j + 1], ms[i], *ms[j + 1:]]
 
 
