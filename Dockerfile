@@ -14,13 +14,20 @@ RUN useradd --system --uid 10001 --user-group --no-create-home \
     && mkdir -p /var/lib/cdc-agent/log /run/cdc-agent \
     && chown -R cdc:cdc /var/lib/cdc-agent /run/cdc-agent
 WORKDIR /opt/cdc-agent
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY docker/constraints.txt ./docker/constraints.txt
 COPY sequencer ./sequencer
 COPY agent ./agent
 COPY sinks ./sinks
 COPY replay ./replay
-RUN pip install --no-cache-dir -c docker/constraints.txt '.[all]'
+# gcc builds the C sequencer (sequencer._native) and leaves again in the same layer; the
+# import check fails the build rather than ship the slower pure-Python fallback.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir -c docker/constraints.txt '.[all]' \
+    && python -c "import sequencer._native" \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY config /etc/cdc-agent
 
 USER cdc

@@ -23,6 +23,7 @@ import structlog
 
 from agent import _operations as operations
 from agent._clock import system_ids
+from agent._native import new_sequencer
 from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipper, ShippingFailed
 from agent._store import RelaxedStore
@@ -31,7 +32,6 @@ from sequencer import (
     BatchTicket,
     EpochClosed,
     EpochRecord,
-    EpochSequencer,
     MonotonicIds,
     RowKey,
     Value,
@@ -84,8 +84,9 @@ _register_exit = getattr(threading, "_register_atexit", atexit.register)
 _register_exit(_close_open_agents)
 
 
-def _no_clock() -> int:
-    return 0
+# The sequencer's clock when no forced quiescence needs one: ``int()`` is 0, and a C
+# call (a Python function here would cost a frame twice per batch).
+_no_clock: Callable[[], int] = int
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -131,7 +132,7 @@ class _Capture:
         self._wait_timeout = quiescence_wait_timeout
         self._cond = threading.Condition(threading.Lock())
         self._sleepers = 0  # threads waiting on _cond (a close notifies only if any)
-        self._sequencer = EpochSequencer(
+        self._sequencer = new_sequencer(
             self.domain_id, now_ns=clock_ns(),
             max_quiescence_interval_ns=(
                 None if max_quiescence_interval is None
@@ -318,15 +319,18 @@ class _Capture:
                 "but the log misses the records from that point on") from error
 
     def _close(self, batch: _Batch) -> None:
-        events = batch.events
-        total = batch.seq_start + len(events)
-        ticket = batch.ticket
-        with self._cond:
+        self._finish(batch.ticket, batch.seq_start, batch.events)
+
+    def _finish(self, ticket: BatchTicket, seq_start: int, events: list[PendingEvent]) -> None:
+        """Close the batch of ``ticket`` whose last segment is ``events``."""
+        total = seq_start + len(events)
+        cond = self._cond
+        cond.acquire()  # the lock's own C method: ``with`` on a Condition costs a frame
+        try:
             closed = self._sequencer.close_batch(ticket, self._clock_ns(), self._next_id(),
                                                  total)
             # One queue item: the last segment and the epochs it ended, in log order.
-            self._shipper.put_batch(ticket.batch_id, ticket.epoch_seq, batch.seq_start,
-                                    events, closed)
+            self._shipper.put((ticket.batch_id, ticket.epoch_seq, seq_start, events, closed))
             stats = self.stats
             stats["events"] += total
             self._batches_closed += 1
@@ -334,6 +338,8 @@ class _Capture:
                 stats["epochs"] += len(closed)
                 if closed[-1].quiescent:
                     self._quiesced(closed[-1])
+        finally:
+            cond.release()
 
     def _quiesced(self, marker: EpochClosed) -> None:
         """Under the lock: the sequencer just quiesced at ``marker``."""
@@ -434,13 +440,53 @@ class Agent(_Capture):
         check_write(table, row, column, value)
         batch = self._current.get()
         if batch is None:  # an automatic short batch for this one write
-            with self.batch():
-                return self.set(table, row, column, value)
+            return self._set_unscoped(table, row, column, value)
         old = self.store.exchange(table, row, column, value)
         events = batch.events
         events.append((table, row, column, old, value))
         if len(events) >= SEGMENT_EVENTS:
             self._ship_segment(batch)
+        return old
+
+    def _set_unscoped(self, table: str, row: RowKey, column: str,
+                      value: Value) -> Value | Absent:
+        """``set`` outside any batch: its automatic batch opened and closed directly,
+        without a scope or the ContextVar (nothing can join a one-write batch)."""
+        shipper = self._shipper
+        cond = self._cond
+        cond.acquire()
+        if (self._closing or self._hold or shipper.error is not None
+                or len(shipper.items) > shipper.max_queue):
+            cond.release()  # the rare cases: the general path waits, refuses or raises
+            with self.batch():
+                return self.set(table, row, column, value)
+        try:
+            ticket = self._sequencer.open_batch(self._next_id(), self._clock_ns())
+            if ticket is None:
+                ticket = self._wait_for_ticket()
+            self.stats["batches"] += 1
+        finally:
+            cond.release()
+        try:
+            old = self.store.exchange(table, row, column, value)
+        except BaseException:
+            self._finish(ticket, 0, [])  # no event, as when a scoped write raises
+            raise
+        # ``_finish``, inlined: this is the write path of every unscoped write.
+        cond.acquire()
+        try:
+            closed = self._sequencer.close_batch(ticket, self._clock_ns(), self._next_id(), 1)
+            shipper.put((ticket.batch_id, ticket.epoch_seq, 0,
+                         [(table, row, column, old, value)], closed))
+            stats = self.stats
+            stats["events"] += 1
+            self._batches_closed += 1
+            if closed:
+                stats["epochs"] += len(closed)
+                if closed[-1].quiescent:
+                    self._quiesced(closed[-1])
+        finally:
+            cond.release()
         return old
 
     def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:

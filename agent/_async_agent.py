@@ -15,7 +15,7 @@ from agent import _operations as operations
 from agent._agent import _Capture
 from agent._baseline import BaselineReport, SnapshotProgress, atake_baseline
 from agent._store import AsyncRelaxedStore
-from sequencer import Absent, RowKey, Value
+from sequencer import Absent, RowKey, Value, check_write
 from sinks import Sink
 
 __all__ = ["AsyncAgent"]
@@ -39,7 +39,21 @@ class AsyncAgent(_Capture):
                                     progress=progress)
 
     async def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
-        return await self._apply(operations.set_cell(table, row, column, value))
+        # ``operations.set_cell``'s steps inlined, as in ``Agent.set`` (the hot path);
+        # tests/agent/test_operations.py holds both to the same calls, events and result.
+        check_write(table, row, column, value)
+        batch = self._current.get()
+        if batch is not None:
+            old = await self.store.exchange(table, row, column, value)
+            self._record(batch, (table, row, column, old, value))
+            return old
+        auto = await self._aopen()  # an automatic batch: no scope, no ContextVar
+        try:
+            old = await self.store.exchange(table, row, column, value)
+            self._record(auto, (table, row, column, old, value))
+            return old
+        finally:
+            self._close(auto)
 
     async def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
         return await self._apply(operations.delete_cell(table, row, column))

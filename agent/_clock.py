@@ -6,6 +6,7 @@ import functools
 import time
 from collections.abc import Callable
 
+from agent._native import new_ids
 from sequencer import MonotonicIds
 
 __all__ = ["boottime_ns", "system_ids"]
@@ -16,4 +17,4 @@ boottime_ns: Callable[[], int] = functools.partial(time.clock_gettime_ns, time.C
 
 def system_ids() -> MonotonicIds:
     """Batch ids from the real ``CLOCK_BOOTTIME``, offset once to ``CLOCK_REALTIME``."""
-    return MonotonicIds(boottime_ns, time.time_ns)
+    return new_ids(boottime_ns, time.time_ns)

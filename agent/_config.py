@@ -214,10 +214,14 @@ def load_config(path: str | Path | None = None, *,
     return config
 
 
+# CDC_AGENT_* variables that are process switches, not configuration keys.
+_PROCESS_SWITCHES = frozenset({"CDC_AGENT_NATIVE"})  # agent._native: 0 = pure Python
+
+
 def _apply_environment(config: Config, raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     """Merge every ``CDC_AGENT_SECTION__KEY[__SUBKEY]`` variable into ``raw``."""
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name in _PROCESS_SWITCHES:
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if len(parts) < 2 or not all(parts) or parts[0] not in _SECTIONS:

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
+from agent._native import Transpose, shipper_helpers
 from agent._tally import EpochTally
 from sequencer import EpochClosed, EpochRecord, RowKey
 from sinks import EventBatch, Sink, SinkBackpressure, SinkTimeout
@@ -125,6 +126,8 @@ class Shipper:
         self._drained = threading.Condition(threading.Lock())
         self._domain_id = domain_id
         self._tally = EpochTally()
+        # C when built (agent._native): a shipment's columns and its segments' SHA3s.
+        self._transpose, self._digest_slices = shipper_helpers()
         self._write_epochs = getattr(sink, "write_epochs", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
@@ -249,10 +252,8 @@ class Shipper:
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
             time.sleep(self._linger)
-        taken: list[object] = []
-        popleft = items.popleft
-        while items and len(taken) < _DRAIN_MAX:
-            taken.append(popleft())
+        popleft = items.popleft  # only this thread takes items: len() stays a lower bound
+        taken = [popleft() for _ in range(min(len(items), _DRAIN_MAX))]
         with self._drained:
             self._drained.notify_all()
         return taken
@@ -319,8 +320,8 @@ class Shipper:
                 tally.add(np.zeros(0, np.uint64), b"", np.zeros(0, np.int64),
                           pa.array([], pa.utf8()))
             return
-        data, lengths = _to_arrow(self._domain_id, segments)
-        starts, digests = segment_digest_array(data)
+        data, lengths = _to_arrow(self._domain_id, segments, self._transpose)
+        starts, digests = segment_digest_array(data, self._digest_slices)
         if len(starts) != len(segments):  # an agent bug, never a user error
             raise AssertionError(f"{len(segments)} segments shipped, {len(starts)} hashed")
         tally.add(np.fromiter((s[1] for s in segments), np.uint64, len(segments)), digests,
@@ -334,7 +335,7 @@ class Shipper:
         """The records of the epochs ``closed``, with their tallies, as one run."""
         if not closed:
             return
-        columns = list(zip(*closed, strict=True))
+        columns = list(self._transpose(closed, 5))
         digests, offsets, names, counts = self._tally.take(columns[0], columns[3])
         run = EpochRun.from_columns(self._domain_id, columns, digests, offsets, names, counts)
         if self._write_epochs is not None:
@@ -387,16 +388,18 @@ class Shipper:
             return
 
 
-def _to_arrow(domain_id: int, segments: list[_BatchItem]) -> tuple[pa.RecordBatch, np.ndarray]:
+def _to_arrow(domain_id: int, segments: list[_BatchItem],
+              transpose: Transpose) -> tuple[pa.RecordBatch, np.ndarray]:
     """Encode the segments' events as one record batch; also return each one's length.
 
-    Transposed with ``zip`` and ``chain`` (C loops): no Python step per event."""
-    batch_ids, _epochs, seq_starts, lists, _closed = zip(*segments, strict=True)
+    Transposed with ``transpose`` and ``chain`` (C loops, with the native module): no
+    Python step per event."""
+    batch_ids, _epochs, seq_starts, lists, _closed = transpose(segments, 5)
     lengths = np.fromiter(map(len, lists), np.int64, len(lists))
     events = list(chain.from_iterable(lists))
     n = len(events)
     offsets = np.cumsum(lengths) - lengths
-    tables, rows, columns, olds, news = zip(*events, strict=True)
+    tables, rows, columns, olds, news = transpose(events, 5)
     seqs = np.arange(n) - np.repeat(offsets - np.array(seq_starts, np.int64), lengths)
     arrays = [
         pa.array(np.full(n, domain_id, dtype=np.uint64)),

@@ -3,8 +3,11 @@
 Sans-IO: nothing here reads a clock, touches a socket or file, or imports a driver;
 callers feed time, fresh ids and events and get back the epochs to publish. It imports nothing
 else of this project. Start with ``_epochs.py`` (the state table), then ``_ids.py``.
+``NATIVE`` is their C twin (``_native.c``, built when a compiler was there; ``None``
+otherwise), the same state machines for the writers' hot path.
 """
 
+from sequencer._accel import NATIVE, NATIVE_ERROR
 from sequencer._domain import new_domain_id
 from sequencer._epochs import BatchTicket, EpochClosed, EpochSequencer, SequencerError
 from sequencer._ids import MonotonicIds, id_le, id_lt
@@ -31,6 +34,8 @@ __all__ = [
     "EpochSequencer",
     "InvalidWrite",
     "MonotonicIds",
+    "NATIVE",
+    "NATIVE_ERROR",
     "Record",
     "RowKey",
     "SequencerError",

@@ -105,7 +105,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -485,9 +485,14 @@ def _decode_epoch(payload: memoryview) -> EpochRecord:
 # -- setsum items ---------------------------------------------------------------------------
 
 
-def segment_digest_array(data: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, bytes]:
+def segment_digest_array(
+    data: pa.RecordBatch | pa.Table,
+    digest_slices: Callable[[bytes, np.ndarray], bytes] | None = None,
+) -> tuple[np.ndarray, bytes]:
     """Every segment of ``data`` at once: the row each segment starts at, and the SHA3
-    digests of their items, 32 bytes each, in the same order.
+    digests of their items, 32 bytes each, in the same order. ``digest_slices(body,
+    bounds)``, if given, hashes many items at once (the agent passes its C one,
+    ``sequencer._native.sha3_slices``); the same digests as ``hashlib.sha3_256``.
 
     ``data`` must hold whole segments, each contiguous and in seq order. Each item is
     assembled in Arrow (one ``binary_join`` per column over the segments, then one
@@ -517,6 +522,8 @@ def segment_digest_array(data: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, b
     if n <= _GATHER_ROWS_PER_SEGMENT * len(starts) and n <= _GATHER_MAX_ROWS:
         # Many small segments (automatic batches): one gather of bytes in numpy.
         body, bounds = _gathered_items(data, starts, domains[starts], batches[starts])
+        if digest_slices is not None:
+            return starts, digest_slices(body, np.ascontiguousarray(bounds, np.int64))
         view = memoryview(body)
         return starts, b"".join([sha3(view[a:b]).digest()
                                  for a, b in itertools.pairwise(bounds.tolist())])

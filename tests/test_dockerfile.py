@@ -113,3 +113,13 @@ def test_cmd_and_healthcheck_are_real_commands() -> None:
 def test_the_readme_documents_the_container() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "docker run" in readme and "sidecar" in readme
+
+
+def test_the_image_builds_the_c_sequencer() -> None:
+    """setup.py (the extension's build) is in the context, gcc is there for the pip
+    step, and the build fails unless ``sequencer._native`` imports."""
+    copies = [s for word, rest in instructions() if word == "COPY" for s in shlex.split(rest)]
+    assert "setup.py" in copies
+    install = next(rest for word, rest in instructions() if word == "RUN" and "pip install" in rest)
+    assert install.index("apt-get install") < install.index("gcc") < install.index("pip install")
+    assert install.index("pip install") < install.index('python -c "import sequencer._native"')

@@ -17,7 +17,7 @@ def test_stable_names_are_exported() -> None:
         agent: {"ABSENT", "Agent", "MemoryStore", "AsyncAgent", "InvalidWrite",
                 "PostgresStore", "AsyncPostgresStore", "TableSpec", "BaselineReport",
                 "CellChunk", "ListableStore", "SnapshotProgress"},
-        sequencer: {"ChangeEvent", "EpochRecord", "MonotonicIds"},
+        sequencer: {"ChangeEvent", "EpochRecord", "MonotonicIds", "NATIVE", "NATIVE_ERROR"},
         sinks: {"MemorySink", "Setsum", "Sink", "EventBatch", "SnapshotChunk",
                 # shared by agent and replay, which may not import each other
                 "PostgresError", "SETSUM_PRIMES", "redact", "route_library_logs",

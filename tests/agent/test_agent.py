@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -296,3 +297,28 @@ def test_a_program_that_forgets_close_still_ships_its_log(tmp_path: object) -> N
     assert sum(s.changeset.event_count for s in snapshots) == 300
     last_written = {("t", i % 7, "a"): i for i in range(300)}
     assert snapshots[-1].state == last_written
+
+
+def test_an_unscoped_write_the_store_refuses_still_closes_its_batch() -> None:
+    """The store raises on an unscoped write (the fast path outside any batch): the
+    error reaches the caller, no event is logged, the automatic batch still closes (the
+    agent quiesces and closes at once), and the next write is captured."""
+
+    class Refusing(MemoryStore):
+        refuse = True
+
+        def exchange(self, *args: Any) -> Any:
+            if self.refuse:
+                raise OSError("store unavailable")
+            return super().exchange(*args)
+
+    store, sink = Refusing(), MemorySink()
+    agent = Agent(store, sink)
+    with pytest.raises(OSError, match="store unavailable"):
+        agent.set("t", 1, "c", 1)
+    assert agent._sequencer.quiescent and agent.stats["batches"] == 1
+    store.refuse = False
+    assert agent.set("t", 1, "c", 2) is ABSENT
+    agent.close(timeout=10)
+    assert [(e.row, e.new) for e in sink.events] == [(1, 2)]
+    assert sum(1 for r in sink.epochs if r.quiescent) == 2

@@ -182,3 +182,9 @@ def test_plain_paths_are_file_uris(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     sink = log.open_sink()
     sink.close()
     assert (tmp_path / "log" / "manifest").is_dir()
+
+
+def test_the_native_switch_is_not_a_configuration_key() -> None:
+    """``CDC_AGENT_NATIVE=0`` (pure-Python sequencer, agent._native) is left alone."""
+    config = load_config(None, environ={"CDC_AGENT_NATIVE": "0", "CDC_AGENT_AGENT__MAX_QUEUE": "7"})
+    assert config.agent["max_queue"] == 7

@@ -229,6 +229,54 @@ def test_agent_set_inlines_exactly_set_cell(table: str, row: Any, column: str, v
     assert [(e.table, e.row, e.column, e.old, e.new) for e in sink.events] == events
 
 
+@settings(max_examples=150, deadline=None)
+@given(tables, rows, columns, values, st.one_of(st.none(), st.just(0)), st.booleans(),
+       st.data())
+def test_async_agent_set_inlines_exactly_set_cell(
+        table: str, row: Any, column: str, value: Any, fail_at: int | None, scoped: bool,
+        data: st.DataObject) -> None:
+    """``AsyncAgent.set`` (inlined too), in a batch or not, with the store failing or
+    not: set_cell's call, event and result; a failed write leaves no event and its
+    automatic batch closed."""
+    import asyncio
+
+    from agent import AsyncAgent
+
+    store = Scripted(data.draw, fail_at)
+
+    class Async:
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(store, name)
+
+            async def call(*a: Any) -> Any:
+                return method(*a)
+            return call
+
+    sink = MemorySink()
+
+    async def main() -> Any:
+        agent = AsyncAgent(Async(), sink)  # type: ignore[arg-type]
+        try:
+            if scoped:
+                async with agent.batch():
+                    return await agent.set(table, row, column, value)
+            return await agent.set(table, row, column, value)
+        except StoreDown as exc:
+            return exc
+        finally:
+            assert agent._sequencer.quiescent
+            await agent.aclose()
+
+    result = asyncio.run(main())
+    again = store.replay()
+    events, want, error = drive(ops.set_cell(table, row, column, value), again)
+    assert store.calls == again.calls
+    assert isinstance(result, StoreDown) == (error is not None)
+    if error is None:
+        assert result is want or result == want
+    assert [(e.table, e.row, e.column, e.old, e.new) for e in sink.events] == events
+
+
 @pytest.mark.parametrize("make", [
     lambda: ops.set_cell("t", 1, "a", [1]),  # type: ignore[arg-type]
     lambda: ops.set_cell("bad name", 1, "a", 1),

@@ -3,6 +3,8 @@ and its data-driven transition table against a reference written as plain code."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from sequencer import BatchTicket, EpochClosed, EpochSequencer, SequencerError, id_lt
 from sequencer._epochs import TRANSITIONS
+from tests.sequencer._impls import SEQUENCERS, native_sequencer
 
 NS = 1_000_000_000
 INTERVAL = 50 * NS
@@ -29,11 +32,13 @@ class Counter:
 class SequencerMachine(RuleBasedStateMachine):
     """Random open/close interleavings; checks every emitted record against a model."""
 
+    make: Any = EpochSequencer
+
     def __init__(self) -> None:
         super().__init__()
         self.now = 0
         self.ids = Counter()
-        self.seq = EpochSequencer(42, now_ns=self.now, max_quiescence_interval_ns=INTERVAL)
+        self.seq = self.make(42, now_ns=self.now, max_quiescence_interval_ns=INTERVAL)
         self.open: dict[int, tuple[BatchTicket, int]] = {}  # id -> ticket, count
         self.closed: list[tuple[int, int]] = []  # (batch id, events)
         self.records: list[EpochClosed] = []
@@ -110,10 +115,22 @@ TestSequencerMachine.settings = settings(max_examples=150, stateful_step_count=6
                                          deadline=None)
 
 
-def test_forced_quiescence_refuses_new_batches_until_drained() -> None:
+class NativeSequencerMachine(SequencerMachine):
+    """The same machine on the C sequencer."""
+
+    make = staticmethod(native_sequencer)
+
+
+TestNativeSequencerMachine = NativeSequencerMachine.TestCase
+TestNativeSequencerMachine.settings = settings(max_examples=100, stateful_step_count=60,
+                                               deadline=None)
+
+
+@SEQUENCERS
+def test_forced_quiescence_refuses_new_batches_until_drained(make_sequencer: Any) -> None:
     """Past the interval, opening is refused; once the open batches close, it works again."""
     ids = Counter()
-    seq = EpochSequencer(1, now_ns=0, max_quiescence_interval_ns=10 * NS)
+    seq = make_sequencer(1, now_ns=0, max_quiescence_interval_ns=10 * NS)
     first = seq.open_batch(ids(), 0)
     assert first is not None
     second = seq.open_batch(ids(), 1 * NS)
@@ -126,10 +143,11 @@ def test_forced_quiescence_refuses_new_batches_until_drained() -> None:
     assert seq.open_batch(ids(), 12 * NS) is not None
 
 
-def test_empty_epoch_is_published_as_quiescence_marker() -> None:
+@SEQUENCERS
+def test_empty_epoch_is_published_as_quiescence_marker(make_sequencer: Any) -> None:
     """One batch alone: its epoch, then an empty quiescent epoch right after it."""
     ids = Counter()
-    seq = EpochSequencer(1, now_ns=0)
+    seq = make_sequencer(1, now_ns=0)
     ticket = seq.open_batch(ids(), 0)
     assert ticket is not None
     first, marker = seq.close_batch(ticket, 0, ids(), 3)
@@ -138,10 +156,11 @@ def test_empty_epoch_is_published_as_quiescence_marker() -> None:
     assert marker.begin_id == first.end_id and first.covers(ticket.batch_id)
 
 
-def test_closing_a_batch_twice_is_refused() -> None:
+@SEQUENCERS
+def test_closing_a_batch_twice_is_refused(make_sequencer: Any) -> None:
     """A protocol error surfaces as SequencerError, not a silent miscount."""
     ids = Counter()
-    seq = EpochSequencer(1, now_ns=0)
+    seq = make_sequencer(1, now_ns=0)
     ticket = seq.open_batch(ids(), 0)
     assert ticket is not None
     seq.close_batch(ticket, 0, ids())
@@ -198,15 +217,16 @@ operations = st.lists(st.tuples(st.sampled_from(["open", "close", "wait"]),
                       max_size=120)
 
 
-@settings(max_examples=300, deadline=None)
+@SEQUENCERS
+@settings(max_examples=200, deadline=None)
 @given(operations, st.sampled_from([None, 5 * NS, 40 * NS]))
 def test_the_transition_table_behaves_as_the_reference(
-        ops: list[tuple[str, int, int]], interval: int | None) -> None:
+        make_sequencer: Any, ops: list[tuple[str, int, int]], interval: int | None) -> None:
     """Random open/close/time histories drive the data-driven sequencer and the plain
     reference with the same ids: the same tickets and refusals, the very same epochs
     closed (so they tile the id space alike), the same state after every step."""
     ids = Counter()
-    seq = EpochSequencer(9, now_ns=0, max_quiescence_interval_ns=interval)
+    seq = make_sequencer(9, now_ns=0, max_quiescence_interval_ns=interval)
     ref = ReferenceSequencer(interval)
     now = 0
     tickets: list[BatchTicket] = []

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import system_ids
+from agent._clock import boottime_ns
 from sequencer import MonotonicIds, id_le, id_lt
+from tests.sequencer._impls import IDS
 
 NS = 1_000_000_000
 
@@ -24,8 +27,9 @@ class FakeClock:
         return self.now
 
 
-def make_ids(clock: FakeClock, realtime_ns: int) -> MonotonicIds:
-    return MonotonicIds(boottime_ns=clock, realtime_ns=lambda: realtime_ns)
+def make_ids(clock: FakeClock, realtime_ns: int,
+             make: Any = MonotonicIds) -> MonotonicIds:
+    return make(boottime_ns=clock, realtime_ns=lambda: realtime_ns)  # type: ignore[no-any-return]
 
 
 def assert_strictly_increasing(ids: list[int]) -> None:
@@ -34,9 +38,10 @@ def assert_strictly_increasing(ids: list[int]) -> None:
         assert id_lt(a, b), (hex(a), hex(b))
 
 
-def test_ids_strictly_increase_across_eight_threads() -> None:
+@IDS
+def test_ids_strictly_increase_across_eight_threads(make_monotonic: Any) -> None:
     """8 threads x 100k ids: every thread sees increasing ids, and no id is issued twice."""
-    ids = system_ids()
+    ids = make_monotonic(boottime_ns, time.time_ns)
     results: list[list[int]] = [[] for _ in range(8)]
 
     def work(out: list[int]) -> None:
@@ -53,39 +58,43 @@ def test_ids_strictly_increase_across_eight_threads() -> None:
     assert len({i for out in results for i in out}) == 800_000
 
 
-def test_ids_read_as_wall_clock_seconds_in_32_32_fixed_point() -> None:
+@IDS
+def test_ids_read_as_wall_clock_seconds_in_32_32_fixed_point(make_monotonic: Any) -> None:
     """The high 32 bits are the Unix seconds; the bottom 7 bits are zero at a fresh tick."""
     clock = FakeClock()
-    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS + NS // 2)
+    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS + NS // 2, make=make_monotonic)
     first = ids.next()
     assert first >> 32 == 1_700_000_000
     assert (first & 0xFFFF_FFFF) == (1 << 31) & ~0x7F  # half a second
     assert first & 0x7F == 0
 
 
-def test_frozen_clock_still_gives_distinct_increasing_ids() -> None:
+@IDS
+def test_frozen_clock_still_gives_distinct_increasing_ids(make_monotonic: Any) -> None:
     """A clock that never moves: ids go up by one."""
     clock = FakeClock()
-    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS)
+    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS, make=make_monotonic)
     issued = [ids.next() for _ in range(1000)]
     assert_strictly_increasing(issued)
     assert issued[-1] - issued[0] == 999
 
 
-def test_clock_going_backwards_never_makes_ids_go_backwards() -> None:
+@IDS
+def test_clock_going_backwards_never_makes_ids_go_backwards(make_monotonic: Any) -> None:
     """The boot clock jumps back a minute: ids keep increasing."""
     clock = FakeClock(100 * NS)
-    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS)
+    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS, make=make_monotonic)
     before = [ids.next() for _ in range(10)]
     clock.now -= 60 * NS
     after = [ids.next() for _ in range(10)]
     assert_strictly_increasing(before + after)
 
 
-def test_two_hundred_ids_in_one_tick() -> None:
+@IDS
+def test_two_hundred_ids_in_one_tick(make_monotonic: Any) -> None:
     """More than 128 ids in one tick carry into the timestamp bits, still increasing."""
     clock = FakeClock()
-    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS)
+    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS, make=make_monotonic)
     burst = [ids.next() for _ in range(200)]
     assert_strictly_increasing(burst)
     clock.now += 1  # a 1 ns tick is below the id resolution: still +1 steps
@@ -95,10 +104,11 @@ def test_two_hundred_ids_in_one_tick() -> None:
     assert later & 0x7F == 0
 
 
-def test_ids_cross_the_32_bit_seconds_wrap_and_skip_zero() -> None:
+@IDS
+def test_ids_cross_the_32_bit_seconds_wrap_and_skip_zero(make_monotonic: Any) -> None:
     """Seconds wrap at 2**32: the ids wrap to small values, compare as later, and 0 is skipped."""
     clock = FakeClock(0)
-    ids = make_ids(clock, realtime_ns=(1 << 32) * NS - 3)
+    ids = make_ids(clock, realtime_ns=(1 << 32) * NS - 3, make=make_monotonic)
     issued = []
     for _ in range(5):
         issued.append(ids.next())
@@ -115,11 +125,12 @@ def test_modular_comparison() -> None:
     assert id_le(5, 5) and not id_lt(5, 5)
 
 
+@IDS
 @given(st.lists(st.integers(min_value=-(10**12), max_value=10**12), min_size=1, max_size=300))
-def test_any_clock_path_gives_increasing_nonzero_ids(steps: list[int]) -> None:
+def test_any_clock_path_gives_increasing_nonzero_ids(make_monotonic: Any, steps: list[int]) -> None:
     """Whatever the clock does between calls (jumps, freezes, reversals), ids increase."""
     clock = FakeClock(10**15)
-    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS)
+    ids = make_ids(clock, realtime_ns=1_700_000_000 * NS, make=make_monotonic)
     issued = []
     for step in steps:
         clock.now += step

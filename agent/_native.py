@@ -1,0 +1,84 @@
+"""Which sequencer and id source the agent runs: the C ones (``sequencer._native``) when
+they were built, else the pure-Python reference; ``CDC_AGENT_NATIVE=0`` forces Python.
+
+Both implementations have one semantics (tests/sequencer/test_native.py holds them
+equal on random histories); the C ones only cost less per write batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import numpy as np
+import structlog
+
+import sequencer
+from sequencer import EpochSequencer, MonotonicIds
+
+__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
+           "transpose"]
+
+ENV_VAR: Final = "CDC_AGENT_NATIVE"
+
+log = structlog.get_logger()
+_warned = False
+
+
+def native_in_use() -> bool:
+    """True if new agents run the C sequencer and ids (built, and not switched off)."""
+    global _warned
+    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if sequencer.NATIVE is None:
+        if not _warned:  # once per process: the install is fine, only slower
+            _warned = True
+            log.warning("cdc.native_unavailable", error=sequencer.NATIVE_ERROR,
+                        fallback="pure-Python sequencer (slower per write batch)",
+                        hint="reinstall with a C compiler and the Python headers")
+        return False
+    return True
+
+
+def new_ids(boottime_ns: Callable[[], int], realtime_ns: Callable[[], int]) -> MonotonicIds:
+    """A ``MonotonicIds`` (or its C twin) over these clocks."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.MonotonicIds(boottime_ns, realtime_ns)  # type: ignore[no-any-return]
+    return MonotonicIds(boottime_ns, realtime_ns)
+
+
+def new_sequencer(domain_id: int, *, now_ns: int,
+                  max_quiescence_interval_ns: int | None = None) -> EpochSequencer:
+    """An ``EpochSequencer`` (or its C twin)."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.EpochSequencer(  # type: ignore[no-any-return]
+            domain_id, now_ns=now_ns, max_quiescence_interval_ns=max_quiescence_interval_ns)
+    return EpochSequencer(domain_id, now_ns=now_ns,
+                          max_quiescence_interval_ns=max_quiescence_interval_ns)
+
+
+def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
+    """The columns of ``rows`` (each a tuple of ``width`` items), as lists: what
+    ``zip(*rows, strict=True)`` gives, but ``width`` lists even for no rows."""
+    if rows and (set(map(len, rows)) != {width}
+                 or not all(isinstance(row, tuple) for row in rows)):
+        bad = next(i for i, row in enumerate(rows)
+                   if not isinstance(row, tuple) or len(row) != width)
+        raise ValueError(f"row {bad} is not a tuple of {width} items")
+    return tuple([row[k] for row in rows] for k in range(width))
+
+
+Transpose = Callable[[list[Any], int], tuple[list[Any], ...]]
+DigestSlices = Callable[[bytes, np.ndarray], bytes]
+
+
+def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
+    """The shipper's per-shipment helpers: ``transpose`` (C, or the Python above) and
+    ``sha3_slices`` for ``sinks.codec.segment_digest_array`` (C, or None: hashlib)."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
+    return transpose, None

@@ -1,0 +1,808 @@
+/* sequencer._native: MonotonicIds and EpochSequencer in C, for the writers' hot path.
+ *
+ * The same semantics as sequencer/_ids.py and sequencer/_epochs.py (the reference, which
+ * holds the transition table as data); tests/sequencer/test_native.py holds the two equal
+ * on random histories. Still sans-IO: the clock comes in as a callable (ids) or as an
+ * argument (the sequencer); nothing here reads one itself.
+ *
+ * Thread safety: every call runs with the GIL held and calls no Python code between
+ * reading and writing its state (the clock is read first), so each call is atomic with
+ * respect to other Python threads; the agent still serialises sequencer calls under its
+ * lock, as for the pure-Python version. Integers are 64-bit here: an id outside
+ * [0, 2**64) or a time or count outside int64 raises OverflowError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CLEARED (~(uint64_t)0x7F)
+#define HALF ((uint64_t)1 << 63)
+#define NUMERATOR ((__int128)1 << 23)  /* 2**32 / 10**9 == 2**23 / 5**9 */
+#define DENOMINATOR ((__int128)1953125)
+
+/* Bound once by sequencer._accel: the record types, the error and the state names. */
+static PyObject *BatchTicket_type, *EpochClosed_type, *SequencerError, *QUIESCENT, *TWO;
+
+static PyObject *
+bind(PyObject *module, PyObject *args)
+{
+    PyObject *ticket, *closed, *error, *quiescent, *two;
+    if (!PyArg_ParseTuple(args, "O!O!OUU", &PyType_Type, &ticket, &PyType_Type, &closed,
+                          &error, &quiescent, &two))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)ticket, &PyTuple_Type)
+        || !PyType_IsSubtype((PyTypeObject *)closed, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "BatchTicket and EpochClosed must be tuple types");
+        return NULL;
+    }
+    Py_XSETREF(BatchTicket_type, Py_NewRef(ticket));
+    Py_XSETREF(EpochClosed_type, Py_NewRef(closed));
+    Py_XSETREF(SequencerError, Py_NewRef(error));
+    Py_XSETREF(QUIESCENT, Py_NewRef(quiescent));
+    Py_XSETREF(TWO, Py_NewRef(two));
+    Py_RETURN_NONE;
+}
+
+/* A named tuple of `type` (a tuple subclass without a __dict__), its items stolen. */
+static PyObject *
+make_tuple(PyObject *type, Py_ssize_t n, PyObject **items)
+{
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto fail;
+    if (type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        goto fail;
+    }
+    result = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+    if (result == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(result, i, items[i]);
+    /* Only ints and bools inside: no cycle can pass through it. CPython's collector
+     * would untrack such a tuple at its first pass; untracking now spares it that. */
+    if (PyObject_GC_IsTracked(result))
+        PyObject_GC_UnTrack(result);
+    return result;
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
+static int
+as_u64(PyObject *value, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int
+as_i64(PyObject *value, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* ---- MonotonicIds ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *boottime;     /* callable returning nanoseconds */
+    PyObject *offset;       /* realtime - boottime at construction (a Python int) */
+    int64_t offset64;
+    int offset_fits;        /* offset64 is exact */
+    uint64_t last;          /* the last id issued; 0 = none yet */
+} Ids;
+
+static int
+Ids_init(Ids *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"boottime_ns", "realtime_ns", NULL};
+    PyObject *boottime, *realtime, *real = NULL, *boot = NULL, *offset;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &boottime, &realtime))
+        return -1;
+    /* As the reference: realtime first, then boottime. */
+    real = PyObject_CallNoArgs(realtime);
+    if (real == NULL)
+        return -1;
+    boot = PyObject_CallNoArgs(boottime);
+    if (boot == NULL) {
+        Py_DECREF(real);
+        return -1;
+    }
+    offset = PyNumber_Subtract(real, boot);
+    Py_DECREF(real);
+    Py_DECREF(boot);
+    if (offset == NULL)
+        return -1;
+    int overflow = 0;
+    long long v = PyLong_Check(offset) ? PyLong_AsLongLongAndOverflow(offset, &overflow) : 0;
+    if (v == -1 && PyErr_Occurred()) {
+        Py_DECREF(offset);
+        return -1;
+    }
+    self->offset_fits = PyLong_Check(offset) && !overflow;
+    self->offset64 = (int64_t)v;
+    Py_XSETREF(self->offset, offset);
+    Py_XSETREF(self->boottime, Py_NewRef(boottime));
+    self->last = 0;
+    return 0;
+}
+
+static int
+Ids_traverse(Ids *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->boottime);
+    Py_VISIT(self->offset);
+    return 0;
+}
+
+static int
+Ids_clear(Ids *self)
+{
+    Py_CLEAR(self->boottime);
+    Py_CLEAR(self->offset);
+    return 0;
+}
+
+static void
+Ids_dealloc(Ids *self)
+{
+    PyObject_GC_UnTrack(self);
+    Ids_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The candidate id for boot time `now`: ((now + offset) * 2**23 // 5**9) & CLEARED,
+ * with Python's floor division and unbounded integers. */
+static int
+candidate_of(Ids *self, PyObject *now, uint64_t *out)
+{
+    int overflow = 0;
+    long long t = PyLong_Check(now) ? PyLong_AsLongLongAndOverflow(now, &overflow) : 0;
+    if (t == -1 && PyErr_Occurred())
+        return -1;
+    if (PyLong_Check(now) && !overflow && self->offset_fits) {
+        __int128 x = ((__int128)t + self->offset64) * NUMERATOR;
+        __int128 q = x / DENOMINATOR;
+        if (x % DENOMINATOR != 0 && x < 0)
+            q -= 1;  /* floor, as Python's // */
+        *out = (uint64_t)q & CLEARED;  /* two's complement: Python's & on negatives */
+        return 0;
+    }
+    /* Outside 64 bits: the same arithmetic on Python integers. */
+    PyObject *num = PyLong_FromLong(1L << 23), *den = PyLong_FromLong(1953125L);
+    PyObject *mask = PyLong_FromUnsignedLongLong(CLEARED);
+    PyObject *sum = NULL, *prod = NULL, *quot = NULL, *masked = NULL;
+    int rc = -1;
+    if (num && den && mask && (sum = PyNumber_Add(now, self->offset))
+        && (prod = PyNumber_Multiply(sum, num)) && (quot = PyNumber_FloorDivide(prod, den))
+        && (masked = PyNumber_And(quot, mask)))
+        rc = as_u64(masked, out);
+    Py_XDECREF(num);
+    Py_XDECREF(den);
+    Py_XDECREF(mask);
+    Py_XDECREF(sum);
+    Py_XDECREF(prod);
+    Py_XDECREF(quot);
+    Py_XDECREF(masked);
+    return rc;
+}
+
+static PyObject *
+Ids_next(Ids *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *now = PyObject_CallNoArgs(self->boottime);
+    if (now == NULL)
+        return NULL;
+    uint64_t candidate;
+    int rc = candidate_of(self, now, &candidate);
+    Py_DECREF(now);
+    if (rc < 0)
+        return NULL;
+    /* The compare-and-swap: no Python code runs from here on, so the GIL makes it one
+     * atomic step (the reference takes a lock for the same span). */
+    uint64_t last = self->last, issued;
+    if (last < candidate && candidate - last < HALF) {
+        issued = candidate;
+    } else if (!last || (((candidate - last) != 0) && (candidate - last) < HALF)) {
+        issued = candidate ? candidate : 1;
+    } else {
+        issued = last + 1;
+        if (!issued)
+            issued = 1;
+    }
+    self->last = issued;
+    return PyLong_FromUnsignedLongLong(issued);
+}
+
+static PyObject *
+Ids_call(Ids *self, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "MonotonicIds() takes no arguments");
+        return NULL;
+    }
+    return Ids_next(self, NULL);
+}
+
+static PyObject *
+Ids_last(Ids *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromUnsignedLongLong(self->last);
+}
+
+static PyObject *
+Ids_get_offset(Ids *self, void *closure)
+{
+    if (self->offset == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "offset_ns");
+        return NULL;
+    }
+    return Py_NewRef(self->offset);
+}
+
+static PyMethodDef Ids_methods[] = {
+    {"next", (PyCFunction)Ids_next, METH_NOARGS,
+     "Return an id strictly greater (modulo 2**64) than every id issued before."},
+    {"last", (PyCFunction)Ids_last, METH_NOARGS, "The last id issued (0 before the first)."},
+    {NULL}
+};
+
+static PyGetSetDef Ids_getset[] = {
+    {"offset_ns", (getter)Ids_get_offset, NULL, "realtime - boottime, taken once", NULL},
+    {NULL}
+};
+
+static PyTypeObject IdsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.MonotonicIds",
+    .tp_doc = "sequencer.MonotonicIds in C: the same ids from the same clock.",
+    .tp_basicsize = sizeof(Ids),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Ids_init,
+    .tp_dealloc = (destructor)Ids_dealloc,
+    .tp_traverse = (traverseproc)Ids_traverse,
+    .tp_clear = (inquiry)Ids_clear,
+    .tp_call = (ternaryfunc)Ids_call,
+    .tp_methods = Ids_methods,
+    .tp_getset = Ids_getset,
+};
+
+/* ---- EpochSequencer ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *domain_id;
+    int two;                          /* state: 0 QUIESCENT, 1 TWO */
+    int has_interval;
+    int64_t max_interval;
+    int64_t last_quiescence_ns;
+    int64_t older_seq, newer_seq, next_seq;
+    uint64_t older_begin, older_end, last_end;
+    int64_t older_open, older_count, newer_open, newer_count;
+} Seq;
+
+static int
+Seq_init(Seq *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"domain_id", "now_ns", "max_quiescence_interval_ns", NULL};
+    PyObject *domain, *now = NULL, *interval = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OO", kwlist, &domain, &now, &interval))
+        return -1;
+    if (now == NULL) {
+        PyErr_SetString(PyExc_TypeError, "EpochSequencer() missing the keyword argument now_ns");
+        return -1;
+    }
+    if (as_i64(now, &self->last_quiescence_ns) < 0)
+        return -1;
+    self->has_interval = interval != Py_None;
+    self->max_interval = 0;
+    if (self->has_interval && as_i64(interval, &self->max_interval) < 0)
+        return -1;
+    Py_XSETREF(self->domain_id, Py_NewRef(domain));
+    self->two = 0;
+    self->older_seq = self->newer_seq = 0;
+    self->older_begin = self->older_end = 0;
+    self->older_open = self->older_count = self->newer_open = self->newer_count = 0;
+    self->next_seq = 1;
+    self->last_end = 0;
+    return 0;
+}
+
+static int
+Seq_traverse(Seq *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->domain_id);
+    return 0;
+}
+
+static int
+Seq_clear(Seq *self)
+{
+    Py_CLEAR(self->domain_id);
+    return 0;
+}
+
+static void
+Seq_dealloc(Seq *self)
+{
+    PyObject_GC_UnTrack(self);
+    Seq_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+interval_exceeded(Seq *self, int64_t now)
+{
+    /* now - last >= interval, without overflowing int64 */
+    return self->has_interval
+        && (__int128)now - self->last_quiescence_ns >= self->max_interval;
+}
+
+static PyObject *
+ticket(uint64_t batch_id, int64_t seq)
+{
+    PyObject *items[2] = {PyLong_FromUnsignedLongLong(batch_id), PyLong_FromLongLong(seq)};
+    return make_tuple(BatchTicket_type, 2, items);
+}
+
+static PyObject *
+Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t batch_id;
+    int64_t now;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_batch(batch_id, now_ns)");
+        return NULL;
+    }
+    if (as_u64(args[0], &batch_id) < 0 || as_i64(args[1], &now) < 0)
+        return NULL;
+    if (!self->two) {
+        /* QUIESCENT, open: start. The new epoch ends right after the new id. */
+        int64_t seq = self->next_seq;
+        uint64_t after = batch_id + 1;
+        self->next_seq = seq + 2;
+        self->older_seq = seq;
+        self->older_begin = self->last_end;
+        self->older_end = after ? after : 1;
+        self->older_open = 1;
+        self->older_count = 0;
+        self->newer_seq = seq + 1;
+        self->newer_open = self->newer_count = 0;
+        self->two = 1;
+        return ticket(batch_id, seq);
+    }
+    if (interval_exceeded(self, now))
+        Py_RETURN_NONE;  /* TWO, open, interval exceeded: refuse */
+    self->newer_open += 1;  /* TWO, open: join the newer */
+    return ticket(batch_id, self->newer_seq);
+}
+
+static PyObject *
+closed_record(int64_t seq, uint64_t begin, uint64_t end, int64_t count, int quiescent)
+{
+    PyObject *items[5] = {PyLong_FromLongLong(seq), PyLong_FromUnsignedLongLong(begin),
+                          PyLong_FromUnsignedLongLong(end), PyLong_FromLongLong(count),
+                          Py_NewRef(quiescent ? Py_True : Py_False)};
+    return make_tuple(EpochClosed_type, 5, items);
+}
+
+static PyObject *
+Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
+    PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
+                                     &fresh_obj, &count_obj))
+        return NULL;
+    int64_t now, event_count = 0, epoch_seq;
+    uint64_t fresh_id;
+    if (as_i64(now_obj, &now) < 0 || as_u64(fresh_obj, &fresh_id) < 0
+        || (count_obj && as_i64(count_obj, &event_count) < 0))
+        return NULL;
+    PyObject *seq_obj = PyObject_GetAttrString(tick, "epoch_seq");
+    if (seq_obj == NULL)
+        return NULL;
+    int rc = as_i64(seq_obj, &epoch_seq);
+    Py_DECREF(seq_obj);
+    if (rc < 0)
+        return NULL;
+    if (!self->two) {
+        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
+        if (id != NULL) {
+            PyErr_Format(SequencerError, "batch %S closed while the sequencer is quiescent", id);
+            Py_DECREF(id);
+        }
+        return NULL;
+    }
+    if (epoch_seq == self->older_seq) {
+        if (self->older_open <= 0)
+            return PyErr_Format(SequencerError, "epoch %lld has no open batch to close",
+                                (long long)epoch_seq);
+        self->older_open -= 1;
+        self->older_count += event_count;
+    } else if (epoch_seq == self->newer_seq) {
+        if (self->newer_open <= 0)
+            return PyErr_Format(SequencerError, "epoch %lld has no open batch to close",
+                                (long long)epoch_seq);
+        self->newer_open -= 1;
+        self->newer_count += event_count;
+    } else {
+        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
+        if (id != NULL) {
+            PyErr_Format(SequencerError,
+                         "batch %S of epoch %lld closed, but the open epochs are %lld and "
+                         "%lld (closed twice?)", id, (long long)epoch_seq,
+                         (long long)self->older_seq, (long long)self->newer_seq);
+            Py_DECREF(id);
+        }
+        return NULL;
+    }
+    if (self->older_open)  /* TWO, close, older still busy: uncount */
+        return PyList_New(0);
+    if (self->newer_open) {
+        /* TWO, close, older drained, newer busy: advance. */
+        PyObject *older = closed_record(self->older_seq, self->older_begin, self->older_end,
+                                        self->older_count, 0);
+        if (older == NULL)
+            return NULL;
+        PyObject *list = PyList_New(1);
+        if (list == NULL) {
+            Py_DECREF(older);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, 0, older);
+        self->older_seq = self->newer_seq;
+        self->older_begin = self->older_end;
+        self->older_end = fresh_id;
+        self->older_open = self->newer_open;
+        self->older_count = self->newer_count;
+        self->newer_seq = self->next_seq;
+        self->next_seq += 1;
+        self->newer_open = self->newer_count = 0;
+        return list;
+    }
+    /* TWO, close, both drained: quiesce (the newer closes at once as the marker). */
+    uint64_t newer_begin = self->older_end;
+    PyObject *older = closed_record(self->older_seq, self->older_begin, newer_begin,
+                                    self->older_count, 0);
+    if (older == NULL)
+        return NULL;
+    PyObject *marker = closed_record(self->newer_seq, newer_begin, fresh_id,
+                                     self->newer_count, 1);
+    if (marker == NULL) {
+        Py_DECREF(older);
+        return NULL;
+    }
+    PyObject *list = PyList_New(2);
+    if (list == NULL) {
+        Py_DECREF(older);
+        Py_DECREF(marker);
+        return NULL;
+    }
+    PyList_SET_ITEM(list, 0, older);
+    PyList_SET_ITEM(list, 1, marker);
+    self->older_open = self->newer_open = 0;
+    self->last_end = fresh_id;
+    self->last_quiescence_ns = now;
+    self->two = 0;
+    return list;
+}
+
+static PyObject *
+Seq_holding_back(Seq *self, PyObject *now_obj)
+{
+    int64_t now;
+    if (as_i64(now_obj, &now) < 0)
+        return NULL;
+    return PyBool_FromLong(self->two && interval_exceeded(self, now));
+}
+
+static PyObject *
+Seq_open_batches(Seq *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(self->older_open + self->newer_open);
+}
+
+static PyObject *
+Seq_open_epochs(Seq *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!self->two)
+        return PyTuple_New(0);
+    return Py_BuildValue("(LL)", (long long)self->older_seq, (long long)self->newer_seq);
+}
+
+static PyObject *
+Seq_get_quiescent(Seq *self, void *closure)
+{
+    return PyBool_FromLong(!self->two);
+}
+
+static PyObject *
+Seq_get_state(Seq *self, void *closure)
+{
+    PyObject *state = self->two ? TWO : QUIESCENT;
+    if (state == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        return NULL;
+    }
+    return Py_NewRef(state);
+}
+
+static PyObject *
+Seq_get_last_quiescence(Seq *self, void *closure)
+{
+    return PyLong_FromLongLong(self->last_quiescence_ns);
+}
+
+static PyObject *
+Seq_get_domain(Seq *self, void *closure)
+{
+    return Py_NewRef(self->domain_id ? self->domain_id : Py_None);
+}
+
+static PyMethodDef Seq_methods[] = {
+    {"open_batch", (PyCFunction)(void (*)(void))Seq_open_batch, METH_FASTCALL,
+     "Open write batch batch_id (a fresh id), or return None while forced quiescence "
+     "holds it back."},
+    {"close_batch", (PyCFunction)(void (*)(void))Seq_close_batch,
+     METH_VARARGS | METH_KEYWORDS, "Close a batch; return the epochs closed."},
+    {"holding_back", (PyCFunction)Seq_holding_back, METH_O,
+     "True if forced quiescence is in force."},
+    {"open_batches", (PyCFunction)Seq_open_batches, METH_NOARGS,
+     "How many batches are in flight."},
+    {"open_epochs", (PyCFunction)Seq_open_epochs, METH_NOARGS,
+     "The sequence numbers of the epochs open now."},
+    {NULL}
+};
+
+static PyGetSetDef Seq_getset[] = {
+    {"quiescent", (getter)Seq_get_quiescent, NULL, "No batch in flight, no epoch open.", NULL},
+    {"state", (getter)Seq_get_state, NULL, "QUIESCENT or TWO", NULL},
+    {"last_quiescence_ns", (getter)Seq_get_last_quiescence, NULL, NULL, NULL},
+    {"domain_id", (getter)Seq_get_domain, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyTypeObject SeqType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.EpochSequencer",
+    .tp_doc = "sequencer.EpochSequencer in C: the same transitions, the same records.",
+    .tp_basicsize = sizeof(Seq),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Seq_init,
+    .tp_dealloc = (destructor)Seq_dealloc,
+    .tp_traverse = (traverseproc)Seq_traverse,
+    .tp_clear = (inquiry)Seq_clear,
+    .tp_methods = Seq_methods,
+    .tp_getset = Seq_getset,
+};
+
+
+/* ---- helpers for the shipper: columns of tuples, SHA3 of many slices ------------------ */
+
+static PyObject *
+transpose(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "transpose(rows: list[tuple], width: int)");
+        return NULL;
+    }
+    PyObject *rows = args[0];
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]);
+    if (width == -1 && PyErr_Occurred())
+        return NULL;
+    if (width < 0) {
+        PyErr_SetString(PyExc_ValueError, "width must be >= 0");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *result = PyTuple_New(width);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < width; k++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(result, k, column);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+            PyErr_Format(PyExc_ValueError, "row %zd is not a tuple of %zd items", i, width);
+            Py_DECREF(result);
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < width; k++)
+            PyList_SET_ITEM(PyTuple_GET_ITEM(result, k), i,
+                            Py_NewRef(PyTuple_GET_ITEM(row, k)));
+    }
+    return result;
+}
+
+/* Keccak-f[1600] and SHA3-256 (FIPS 202), for the setsum's per-segment digests. */
+static const uint64_t KECCAK_RC[24] = {
+    0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808AULL,
+    0x8000000080008000ULL, 0x000000000000808BULL, 0x0000000080000001ULL,
+    0x8000000080008081ULL, 0x8000000000008009ULL, 0x000000000000008AULL,
+    0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000AULL,
+    0x000000008000808BULL, 0x800000000000008BULL, 0x8000000000008089ULL,
+    0x8000000000008003ULL, 0x8000000000008002ULL, 0x8000000000000080ULL,
+    0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
+    0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
+};
+/* Rotation of lane x + 5y. */
+static const unsigned KECCAK_ROT[25] = {
+    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
+    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
+};
+
+static inline uint64_t
+rol64(uint64_t v, unsigned n)
+{
+    return n ? (v << n) | (v >> (64 - n)) : v;
+}
+
+static void
+keccak_f1600(uint64_t a[25])
+{
+    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
+    static const unsigned char PI[25] = {
+        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
+        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
+    };
+    uint64_t b[25], c[5], d[5];
+    for (int round = 0; round < 24; round++) {
+        for (int x = 0; x < 5; x++)  /* theta */
+            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+        d[0] = c[4] ^ rol64(c[1], 1);
+        d[1] = c[0] ^ rol64(c[2], 1);
+        d[2] = c[1] ^ rol64(c[3], 1);
+        d[3] = c[2] ^ rol64(c[4], 1);
+        d[4] = c[3] ^ rol64(c[0], 1);
+        for (int y = 0; y < 25; y += 5)
+            for (int x = 0; x < 5; x++)
+                a[y + x] ^= d[x];
+        for (int i = 0; i < 25; i++)  /* rho and pi */
+            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
+        for (int y = 0; y < 25; y += 5) {  /* chi */
+            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
+            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
+            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
+            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
+            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
+        }
+        a[0] ^= KECCAK_RC[round];  /* iota */
+    }
+}
+
+#define SHA3_256_RATE 136
+
+static uint64_t
+load64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void
+sha3_256(const unsigned char *data, size_t len, unsigned char out[32])
+{
+    uint64_t a[25] = {0};
+    while (len >= SHA3_256_RATE) {
+        for (int i = 0; i < SHA3_256_RATE / 8; i++)
+            a[i] ^= load64(data + 8 * i);
+        keccak_f1600(a);
+        data += SHA3_256_RATE;
+        len -= SHA3_256_RATE;
+    }
+    unsigned char block[SHA3_256_RATE] = {0};
+    memcpy(block, data, len);
+    block[len] ^= 0x06;  /* the SHA3 domain bits and the first padding bit */
+    block[SHA3_256_RATE - 1] ^= 0x80;
+    for (int i = 0; i < SHA3_256_RATE / 8; i++)
+        a[i] ^= load64(block + 8 * i);
+    keccak_f1600(a);
+    for (int i = 0; i < 32; i++)
+        out[i] = (unsigned char)(a[i / 8] >> (8 * (i % 8)));
+}
+
+static PyObject *
+sha3_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sha3_slices(body, bounds)");
+        return NULL;
+    }
+    Py_buffer body, bounds;
+    if (PyObject_GetBuffer(args[0], &body, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &bounds, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&body);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const char *fmt = bounds.format ? bounds.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    if (bounds.itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "bounds must be a contiguous int64 array");
+        goto done;
+    }
+    Py_ssize_t count = bounds.len / 8 - 1;
+    if (count < 0)
+        count = 0;
+    const int64_t *at = (const int64_t *)bounds.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at[i] < 0 || at[i] > at[i + 1] || at[i + 1] > body.len) {
+            PyErr_Format(PyExc_ValueError, "slice %zd [%lld, %lld) is not inside the body "
+                         "of %zd bytes", i, (long long)at[i], (long long)at[i + 1], body.len);
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * count);
+    if (out == NULL)
+        goto done;
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *data = (const unsigned char *)body.buf;
+    /* The buffers are held: writers may run meanwhile (the shipper's largest step). */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        sha3_256(data + at[i], (size_t)(at[i + 1] - at[i]), digests + 32 * i);
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&bounds);
+    return out;
+}
+
+/* ---- the module ---------------------------------------------------------------------- */
+
+static PyMethodDef module_methods[] = {
+    {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
+     "transpose(rows, width): the columns of a list of width-tuples, as a tuple of lists."},
+    {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
+     "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
+     "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"bind", bind, METH_VARARGS,
+     "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
+     "and names the native types return (sequencer._accel calls it once)."},
+    {NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "sequencer._native",
+    "MonotonicIds and EpochSequencer in C (see sequencer._accel).", -1, module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    if (PyType_Ready(&IdsType) < 0 || PyType_Ready(&SeqType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "MonotonicIds", (PyObject *)&IdsType) < 0
+        || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
