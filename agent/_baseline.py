@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agent._agent import QuiescenceTimeout
 from sequencer import RowKey, Value
 from sinks import Setsum
-from sinks.codec import Bound, SnapshotCell, SnapshotChunk
+from sinks.codec import Bound, SnapshotCell, SnapshotChunk, encode_key, encode_value, row_order
 
 if TYPE_CHECKING:
     from agent._agent import _Capture
@@ -33,6 +36,7 @@ __all__ = ["AsyncListableStore", "BaselineReport", "CellChunk", "ListableStore",
            "SnapshotProgress"]
 
 DEFAULT_CHUNK_ROWS = 10_000
+_CELL_OVERHEAD = 16  # an Arrow offset per column: what a cell costs beyond its bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,27 @@ class BaselineReport:
     elapsed: float
 
 
+class ChunkNumbering:
+    """The next chunk index of one baseline, taken as chunks are shipped: a chunk read
+    in one hold may ship as several (``PendingSnapshot.ship_to``)."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self, count: int) -> int:
+        first, self.next = self.next, self.next + count
+        return first
+
+
 @dataclass
 class PendingSnapshot:
     """A chunk's cells handed to the shipper, which encodes and hashes it off the
-    writers' path (``ship_to``) and keeps the result for the report."""
+    writers' path (``ship_to``) and keeps the result for the report.
+
+    With ``numbering``, a chunk larger than the sink's ``snapshot_max_bytes`` (Kafka's
+    message limit) ships as several chunks of whole rows, all at the same quiescence
+    point, numbered in order; without it (the sidecar's chunks, numbered by its
+    client) it ships as ``index``, whatever its size."""
 
     domain_id: int
     point: tuple[int, int]
@@ -96,7 +117,9 @@ class PendingSnapshot:
     lo: Bound | None
     hi: Bound | None
     cells: Sequence[SnapshotCell]
-    chunk: SnapshotChunk | None = None
+    numbering: ChunkNumbering | None = None
+    chunks: list[SnapshotChunk] = field(default_factory=list)
+    written: int = 0  # chunks the sink took (a retried call goes on from there)
     shipped: threading.Event = field(default_factory=threading.Event)
 
     def ship_to(self, sink: Any) -> None:
@@ -104,13 +127,62 @@ class PendingSnapshot:
         if write is None:
             raise TypeError(f"{type(sink).__name__} cannot carry snapshot records (it has no "
                             "write_snapshot); use a sink of this version")
-        chunk = SnapshotChunk.build(self.domain_id, self.point[0], self.point[1],
-                                    self.baseline_id, self.index, self.hi is None,
-                                    self.lo, self.hi, self.cells)
-        write(chunk)
-        self.chunk = chunk
-        self.cells = ()
+        if not self.chunks:
+            self.chunks = self._build(getattr(sink, "snapshot_max_bytes", None))
+            self.cells = ()
+        for chunk in self.chunks[self.written:]:
+            write(chunk)
+            self.written += 1
         self.shipped.set()
+
+    def _build(self, max_bytes: int | None) -> list[SnapshotChunk]:
+        numbering = self.numbering
+        index = self.index if numbering is None else numbering.next
+        whole = SnapshotChunk.build(self.domain_id, self.point[0], self.point[1],
+                                    self.baseline_id, index, self.hi is None, self.lo,
+                                    self.hi, self.cells)
+        if numbering is None or max_bytes is None or whole.data.nbytes <= max_bytes \
+                or len(self.cells) < 2:
+            if numbering is not None:
+                numbering.take(1)
+            return [whole]
+        pieces = split_rows(self.cells, max_bytes)
+        first = numbering.take(len(pieces))
+        out = []
+        for i, piece in enumerate(pieces):
+            lo = self.lo if i == 0 else piece[0][:2]
+            hi = self.hi if i == len(pieces) - 1 else pieces[i + 1][0][:2]
+            out.append(SnapshotChunk.build(
+                self.domain_id, self.point[0], self.point[1], self.baseline_id, first + i,
+                hi is None, lo, hi, piece))
+        return out
+
+
+def split_rows(cells: Sequence[SnapshotCell], max_bytes: int) -> list[list[SnapshotCell]]:
+    """``cells`` in row order, cut into runs of whole rows of at most ``max_bytes``
+    encoded bytes each (a row larger than that is a run of its own)."""
+    ordered = sorted(cells, key=lambda c: row_order(c[0], c[1]))  # stable: rows stay whole
+    rows: list[tuple[list[SnapshotCell], int]] = []
+    for _row, run in groupby(ordered, key=itemgetter(0, 1)):
+        row_cells = list(run)
+        rows.append((row_cells, sum(
+            _CELL_OVERHEAD + len(t.encode()) + len(encode_key(r)) + len(c.encode())
+            + len(encode_value(v)) for t, r, c, v in row_cells)))
+    pieces: list[list[SnapshotCell]] = [[]]
+    size = 0
+    for row_cells, cost in rows:
+        if pieces[-1] and size + cost > max_bytes:
+            pieces.append([])
+            size = 0
+        pieces[-1].extend(row_cells)
+        size += cost
+    return pieces
+
+
+def _rows_per_table(cells: Sequence[SnapshotCell]) -> Counter[str]:
+    """The rows per table of a chunk's cells (whole rows, in row order: one run each).
+    Counted only for the metrics, outside the hold: per-cell work costs the baseline."""
+    return Counter(table for (table, _row), _run in groupby(cells, key=itemgetter(0, 1)))
 
 
 def _lister(store: object) -> Callable[[Bound | None, int], Any]:
@@ -134,17 +206,19 @@ class _Run:
         self.progress = progress
         self.baseline_id = agent._ids.next()
         self.pending: list[PendingSnapshot] = []
+        self.numbering = ChunkNumbering()
         self.start: Bound | None = None
         self.cells = 0
         self.longest_hold = 0.0
         self.started = time.perf_counter()
-        self.rows: dict[str, set[object]] = {}  # the last chunk's rows, per table
+        self.last_cells: Sequence[SnapshotCell] = ()  # for the metrics, after the hold
         self.tables: set[str] = set()
 
     def record(self, point: tuple[int, int], chunk: CellChunk, held_since: float) -> bool:
         """Hand one chunk to the shipper (writers still held); True if it was the last."""
         pending = PendingSnapshot(self.agent.domain_id, point, self.baseline_id,
-                                  len(self.pending), self.start, chunk.next, chunk.cells)
+                                  len(self.pending), self.start, chunk.next, chunk.cells,
+                                  self.numbering)
         self.agent._shipper.put(pending)  # type: ignore[arg-type]
         self.pending.append(pending)
         hold = time.perf_counter() - held_since
@@ -153,19 +227,17 @@ class _Run:
         self.start = chunk.next
         self.last = SnapshotProgress(self.baseline_id, len(self.pending), self.cells,
                                      chunk.next, hold)
-        self.rows = {}
-        for table, row, _column, _value in chunk.cells:
-            self.rows.setdefault(table, set()).add(row)
+        self.last_cells = chunk.cells
         return chunk.next is None
 
     def notify(self) -> None:
         """Report progress (after writers were let go again): to ``progress`` and to
         the agent's metrics (``cdc_snapshot_rows`` per table, done at the end)."""
         report_rows = getattr(self.agent, "_snapshot_progress", None)
-        if report_rows is not None:
-            for table, rows in self.rows.items():
+        if report_rows is not None and getattr(self.agent, "metrics", None) is not None:
+            for table, rows in _rows_per_table(self.last_cells).items():
                 self.tables.add(table)
-                report_rows(table, len(rows))
+                report_rows(table, rows)
             if self.last.rows_done_until is None:
                 for table in self.tables:
                     report_rows(table, 0, done=True)
@@ -174,11 +246,11 @@ class _Run:
 
     def report(self) -> BaselineReport:
         total = Setsum()
-        for pending in self.pending:
-            assert pending.chunk is not None
-            total = total + Setsum.from_hexdigest(pending.chunk.setsum)
+        chunks = [chunk for pending in self.pending for chunk in pending.chunks]
+        for chunk in chunks:
+            total = total + Setsum.from_hexdigest(chunk.setsum)
         return BaselineReport(
-            self.agent.domain_id, self.baseline_id, len(self.pending), self.cells,
+            self.agent.domain_id, self.baseline_id, len(chunks), self.cells,
             total.hexdigest(), self.pending[0].point, self.pending[-1].point,
             self.longest_hold, time.perf_counter() - self.started)
 

@@ -36,6 +36,7 @@ from sequencer import EpochRecord, id_lt
 from sinks import Setsum
 from sinks.codec import (
     HEADER_PARTITION,
+    HEADER_READ,
     HEADER_SNAPSHOT,
     HEADER_WHOLE,
     MAGIC,
@@ -247,6 +248,8 @@ class KafkaLog:
         chunk = _snapshot_chunk(partition, offset, value, headers, self.encoding)
         if chunk is not None:
             return self._snapshot(partition, offset, chunk)
+        if headers and any(name == HEADER_READ for name, _raw in headers):
+            return []  # a baseline cell as op "r" for plain Debezium readers: the chunk has it
         if self.encoding == "debezium" and value is not None:
             try:
                 change = decode_debezium_event(value)

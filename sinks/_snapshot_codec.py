@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -91,8 +91,9 @@ class SnapshotChunk:
         """A chunk of ``cells`` (in any order), its count and setsum filled in."""
         tables = [c[0] for c in cells]
         data = pa.RecordBatch.from_arrays(
-            [pa.array(tables, pa.utf8()), encode_keys([c[1] for c in cells]),
-             pa.array([c[2] for c in cells], pa.utf8()), encode_values([c[3] for c in cells])],
+            [pa.array(tables, pa.utf8()), _encode_column([c[1] for c in cells], encode_keys),
+             pa.array([c[2] for c in cells], pa.utf8()),
+             _encode_column([c[3] for c in cells], encode_values)],
             schema=SNAPSHOT_SCHEMA)
         digest = chunk_digest(domain_id, epoch_seq, end_id, baseline_id, index, last, lo, hi,
                               data)
@@ -113,6 +114,27 @@ class SnapshotChunk:
         digest = chunk_digest(self.domain_id, self.epoch_seq, self.end_id, self.baseline_id,
                               self.index, self.last, self.lo, self.hi, self.data)
         return Setsum.of_digests([digest]).hexdigest()
+
+
+_FIXED_TAGS: Final = {int: (2, ">i8"), float: (3, ">f8")}
+
+
+def _encode_column(values: list[Any], encode: Callable[[list[Any]], pa.Array]) -> pa.Array:
+    """``encode`` (``encode_values`` or ``encode_keys``) of a chunk's column, the same
+    bytes; a column of only ints or only floats (a baseline's usual case) is laid out
+    straight into the Arrow buffers: tag byte then 8 big-endian bytes per value."""
+    kinds = set(map(type, values))
+    fixed = _FIXED_TAGS.get(kinds.pop()) if len(kinds) == 1 else None
+    if fixed is None:
+        return encode(values)
+    tag, dtype = fixed
+    n = len(values)
+    raw = np.empty((n, 9), np.uint8)
+    raw[:, 0] = tag
+    raw[:, 1:] = np.array(values, dtype=dtype).view(np.uint8).reshape(n, 8)
+    offsets = np.arange(0, 9 * n + 1, 9, dtype=np.int32)
+    return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(raw)])
 
 
 def _bound_bytes(bound: Bound | None) -> bytes:

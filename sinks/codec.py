@@ -98,7 +98,9 @@ message rather than as EVENTS messages. Two encodings:
     A baseline chunk is one message in partition SNAPSHOT_PARTITION (0): native, its
     value is the SNAPSHOT message; debezium, the value is null, the SNAPSHOT message is
     in header HEADER_SNAPSHOT "cdc-agent-snapshot" and the key is
-    ``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``.
+    ``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``, and each of the
+    chunk's cells follows as an op "r" record in its cell's partition (header
+    HEADER_READ "cdc-agent-read"; the Debezium section below has the layout).
 """
 
 from __future__ import annotations
@@ -1010,11 +1012,81 @@ def debezium_transaction_records(domain_id: int, batch_id: int, event_count: int
     return [(key, _json_dumps(begin).encode()), (key, _json_dumps(end).encode())]
 
 
+# Baseline snapshots in the Debezium encoding (issue 9). Besides the chunk's own message
+# (a tombstone carrying the SNAPSHOT message in a header, which cdc-agent's consumer
+# verifies), each cell of the chunk is one read record, ``op`` "r", in the partition of
+# its cell and after the chunk's message (so before every later event on that cell):
+# key as for events, ``before`` null, ``after`` the cell's image, ``ts_ms`` the
+# quiescence point's time, ``source.snapshot`` "true" ("last" on the baseline's last
+# cell), ``source`` naming domain, baseline (16 hex digits), chunk index, quiescence
+# point (epoch_seq, end_id as a decimal string), table, row and column; no
+# ``transaction``. The header HEADER_READ "cdc-agent-read" (its value
+# "<domain>:<baseline>:<index>", as in the chunk message's key) marks them: cdc-agent's
+# consumer skips them, the chunk carries the same cells. ``source.read_version``
+# (DEBEZIUM_READ_VERSION) versions this layout.
+
+HEADER_READ: Final = "cdc-agent-read"
+DEBEZIUM_READ_VERSION: Final = 1
+
+
+def encode_debezium_read(chunk: SnapshotChunk, *, name: str) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of the op "r" record of every cell of ``chunk``, in its order."""
+    point_ms = debezium_ts_ms(chunk.end_id or chunk.baseline_id)
+    out = []
+    cells = chunk.cells()
+    for i, (table, row_key, column, value) in enumerate(cells):
+        row = encode_debezium_key(row_key)
+        last = chunk.last and i == len(cells) - 1
+        envelope = {
+            "before": None,
+            "after": {DEBEZIUM_ROW_FIELD: row, column: encode_debezium_value(value)},
+            "op": "r",
+            "ts_ms": point_ms,
+            "source": {
+                "version": DEBEZIUM_VERSION,
+                "connector": DEBEZIUM_CONNECTOR,
+                "name": name,
+                "ts_ms": point_ms,
+                "snapshot": "last" if last else "true",
+                "db": str(chunk.domain_id),
+                "table": table,
+                "domain": str(chunk.domain_id),
+                "baseline": f"{chunk.baseline_id:016x}",
+                "chunk": chunk.index,
+                "epoch_seq": chunk.epoch_seq,
+                "end_id": str(chunk.end_id),
+                "read_version": DEBEZIUM_READ_VERSION,
+                "row": row,
+                "column": column,
+            },
+            "transaction": None,
+        }
+        key = {"table": table, "row": row, "column": column}
+        out.append((_json_dumps(key).encode(), _json_dumps(envelope).encode()))
+    return out
+
+
+def decode_debezium_read(value: bytes | str) -> SnapshotCell:
+    """The ``(table, row, column, value)`` of one op "r" record (``encode_debezium_read``)."""
+    try:
+        envelope = json.loads(value)
+        source = envelope["source"]
+        if envelope["op"] != "r" or envelope["before"] is not None:
+            raise ValueError(f"op {envelope['op']!r} is not a read record")
+        column = source["column"]
+        return (source["table"], decode_debezium_key(source["row"]), column,
+                decode_debezium_value(envelope["after"][column]))
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CodecError(f"not a cdc-agent Debezium read record: {exc}") from exc
+
+
 # The public names of the last three sections.
 __all__ += [
     "DEBEZIUM_CONNECTOR",
+    "DEBEZIUM_READ_VERSION",
     "DEBEZIUM_ROW_FIELD",
     "HEADER_PARTITION",
+    "HEADER_READ",
     "HEADER_SNAPSHOT",
     "HEADER_WHOLE",
     "NATIVE_MAGIC",
@@ -1029,11 +1101,13 @@ __all__ += [
     "debezium_ts_ms",
     "decode_debezium_event",
     "decode_debezium_key",
+    "decode_debezium_read",
     "decode_debezium_value",
     "decode_native_event",
     "decode_snapshot",
     "encode_debezium_event",
     "encode_debezium_key",
+    "encode_debezium_read",
     "encode_debezium_value",
     "encode_native_events",
     "event_keys",

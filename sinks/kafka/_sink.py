@@ -13,7 +13,7 @@ import structlog
 
 from sequencer import EpochRecord
 from sinks._protocol import SinkClosed
-from sinks.codec import EventBatch, SnapshotChunk
+from sinks.codec import SNAPSHOT_PARTITION, EventBatch, SnapshotChunk
 from sinks.kafka._builder import MessageBuilder
 from sinks.kafka._driver import confluent_kafka, kafka_errors, quiet_logger
 from sinks.kafka._errors import (
@@ -23,7 +23,7 @@ from sinks.kafka._errors import (
     KafkaSinkError,
     KafkaUnavailable,
 )
-from sinks.kafka._snapshots import snapshot_message
+from sinks.kafka._snapshots import MESSAGE_MAX_BYTES, snapshot_budget, snapshot_message
 
 __all__ = ["ENCODINGS", "KafkaSink"]
 
@@ -100,6 +100,9 @@ class KafkaSink:
             "logger": quiet_logger(),
         }
         settings.update(config or {})
+        # A baseline chunk is one message: the agent cuts chunks to fit (issue 9).
+        self.message_max_bytes = int(settings.get("message.max.bytes", MESSAGE_MAX_BYTES))
+        self.snapshot_max_bytes = snapshot_budget(self.message_max_bytes)
         with kafka_errors("producer", "creating the producer (librdkafka refused the "
                           "settings)", KafkaConfigError, "nothing was written; fix the config",
                           also=(ValueError, TypeError)):
@@ -253,9 +256,22 @@ class KafkaSink:
         """Write a baseline chunk as one message in partition 0, after the epoch markers
         of its quiescence point (``sinks.kafka._snapshots``); durable with ``flush()``."""
         self._check_healthy()
-        message = snapshot_message(chunk, self.encoding)
+        message = snapshot_message(chunk, self.encoding, self.partitions, self.name)
+        size = len(message.value or b"") + sum(len(raw) for _name, raw in message.headers)
+        if size > self.message_max_bytes:
+            reason = (f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} is "
+                      f"{size} bytes, more than message.max.bytes ({self.message_max_bytes}) "
+                      "(the agent cuts chunks to snapshot_max_bytes, but not within a row, "
+                      "nor the sidecar's)")
+            self._failures.append((self.topic, SNAPSHOT_PARTITION, reason))
+            raise KafkaDeliveryError(
+                f"{reason}; nothing of it was sent and the sink accepts nothing more; raise "
+                "message.max.bytes (the producer's config and the topic's "
+                "max.message.bytes) above the largest row, or lower chunk_rows")
         self._produce_one(self.topic, message.value, message.key, message.partition,
                           message.headers or None)
+        for row in message.rows:  # Debezium: the chunk's cells as op "r" records
+            self._produce_one(self.topic, row.value, row.key, row.partition, row.headers)
         self._producer.poll(0)
 
     def _produce_one(self, topic: str, value: bytes | None, key: bytes | None, partition: int,

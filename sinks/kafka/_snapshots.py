@@ -13,27 +13,70 @@ gap in the baseline's tiling.
 In the native encoding the value is the SNAPSHOT message and the key is empty. In the
 Debezium encoding the value is ``null`` (a tombstone, which Debezium consumers skip),
 the SNAPSHOT message travels in the ``cdc-agent-snapshot`` header and the key is
-``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``. A chunk is one message,
-so it must fit the producer's and broker's ``message.max.bytes``: keep ``chunk_rows``
-small enough (a refused message raises ``KafkaDeliveryError``).
+``{"cdc_agent_snapshot": "<domain>:<baseline_id>:<index>"}``; then every cell of the
+chunk follows as a Debezium read record (``op: "r"``) in its cell's partition, so a
+plain Debezium consumer sees the baseline's rows before any later change of them
+(``sinks.codec.encode_debezium_read``; cdc-agent's consumer skips them).
+
+A chunk is one message, so it must fit ``message.max.bytes``: the sink offers
+``snapshot_max_bytes`` (``snapshot_budget``), and the agent cuts a chunk larger than
+that into several, of whole rows (``agent._baseline.PendingSnapshot``). A single row
+larger than the limit is refused with a ``KafkaDeliveryError`` saying so.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Final, NamedTuple
 
-from sinks.codec import HEADER_SNAPSHOT, SNAPSHOT_PARTITION, SnapshotChunk, encode_snapshot
+from sinks.codec import (
+    HEADER_READ,
+    HEADER_SNAPSHOT,
+    SNAPSHOT_PARTITION,
+    SnapshotChunk,
+    cell_key,
+    encode_debezium_read,
+    encode_snapshot,
+    partition_of,
+)
 from sinks.kafka._markers import Marker
 
-__all__ = ["snapshot_message"]
+__all__ = ["MESSAGE_MAX_BYTES", "SnapshotMessage", "snapshot_budget", "snapshot_message"]
+
+MESSAGE_MAX_BYTES: Final = 1_000_000  # librdkafka's default message.max.bytes
 
 
-def snapshot_message(chunk: SnapshotChunk, encoding: str) -> Marker:
-    """The message carrying ``chunk`` on the data topic."""
+class SnapshotMessage(NamedTuple):
+    """The chunk's own message, and (Debezium) its cells' read records after it."""
+
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    rows: list[Marker]
+
+
+def snapshot_budget(message_max_bytes: int) -> int:
+    """The encoded cell bytes a chunk may hold to fit a message of ``message_max_bytes``:
+    three quarters of it, leaving room for the chunk's header, Arrow's framing and the
+    record batch's own overhead."""
+    return max(1, message_max_bytes * 3 // 4)
+
+
+def snapshot_message(chunk: SnapshotChunk, encoding: str, partitions: int = 1,
+                     name: str = "cdc-agent") -> SnapshotMessage:
+    """The message carrying ``chunk`` on the data topic (and its read records)."""
     raw = encode_snapshot(chunk)
     if encoding == "native":
-        return Marker(SNAPSHOT_PARTITION, None, raw, [])
-    key = json.dumps({"cdc_agent_snapshot":
-                      f"{chunk.domain_id}:{chunk.baseline_id}:{chunk.index}"},
-                     separators=(",", ":")).encode()
-    return Marker(SNAPSHOT_PARTITION, key, None, [(HEADER_SNAPSHOT, raw)])
+        return SnapshotMessage(SNAPSHOT_PARTITION, None, raw, [], [])
+    ident = f"{chunk.domain_id}:{chunk.baseline_id}:{chunk.index}"
+    key = json.dumps({"cdc_agent_snapshot": ident}, separators=(",", ":")).encode()
+    read_header = [(HEADER_READ, ident.encode())]
+    data = chunk.data
+    cell_keys = [cell_key(t, r, c) for t, r, c in zip(
+        data.column("table").to_pylist(), data.column("row").to_pylist(),
+        data.column("column").to_pylist(), strict=True)]
+    rows = [Marker(partition_of(cell, partitions), row_key, row_value, read_header)
+            for cell, (row_key, row_value) in zip(cell_keys, encode_debezium_read(
+                chunk, name=name), strict=True)]
+    return SnapshotMessage(SNAPSHOT_PARTITION, key, None, [(HEADER_SNAPSHOT, raw)], rows)

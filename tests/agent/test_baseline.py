@@ -336,7 +336,9 @@ def test_snapshot_progress_reaches_the_metrics() -> None:
     from agent._metrics import CaptureMetrics
 
     registry = CollectorRegistry()
-    store = MemoryStore({("a", i, "x"): i for i in range(25)} | {("b", "k", "y"): 1})
+    # Two cells per row of "a": rows are counted, not cells.
+    store = MemoryStore({("a", i, c): i for i in range(25) for c in "xy"}
+                        | {("b", "k", "y"): 1})
     with Agent(store, MemorySink(), metrics=CaptureMetrics(registry)) as agent:
         agent.snapshot(chunk_rows=7)
     rows = registry.get_sample_value

@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent import Agent, MemoryStore
 from replay import Assembler
@@ -75,3 +77,68 @@ def test_a_crash_at_any_store_call_of_a_baseline_then_a_restart(phase: str) -> N
             agent.set("t", 3, "a", "restarted")
         snaps = list(Assembler().replay(read_log(objects)))
         assert _bits(snaps[-1].state) == _bits(store.snapshot()), (phase, step)
+
+
+class _DiesAtChunk(Wal3Sink):
+    """The process dies while shipping chunk ``k`` of its baseline: its store is dead
+    from there on (nothing of the chunk, nothing after it, reaches the log)."""
+
+    def __init__(self, objects: ProcessStore, k: int) -> None:
+        super().__init__(objects, options=_OPTIONS)
+        self.process, self.k, self.seen = objects, k, 0
+
+    def write_snapshot(self, chunk: Any) -> None:
+        if self.seen == self.k:
+            self.process.dead = True
+            raise Crash(f"died at chunk {self.k}")
+        self.seen += 1
+        super().write_snapshot(chunk)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 1000), rows=st.integers(8, 40), chunk_rows=st.integers(3, 9))
+def test_dying_at_every_chunk_never_shows_a_state_the_store_did_not_have(
+        seed: int, rows: int, chunk_rows: int) -> None:
+    """Crash at each chunk of a baseline (writes between chunks), restart (a new domain)
+    and take a new baseline: a consumer from nothing reaches the store's state at every
+    quiescence point once its state is whole, and never calls a partial state whole.
+    (Recovery abandons the cut baseline: docs/state.md.)"""
+    from tests.agent.test_baseline import _prepopulated
+
+    rng = random.Random(seed)
+    chunks = -(-rows // chunk_rows) + 1
+    for k in range(chunks):
+        store = _prepopulated(random.Random(seed), rows)
+        objects = InMemoryObjectStore(f"die-{seed}-{k}", sleep=no_sleep)
+        truth: dict[tuple[int, int], dict[Any, bytes]] = {}
+
+        def mark(record: Any, store: MemoryStore = store,
+                 truth: dict[tuple[int, int], dict[Any, bytes]] = truth) -> None:
+            truth[(record.domain_id, record.epoch_seq)] = _bits(store.snapshot())
+
+        first = Agent(store, _DiesAtChunk(ProcessStore(objects), k), on_quiescence=mark)
+
+        def write(_step: Any, agent: Agent = first) -> None:
+            agent.set("t", rng.randrange(rows), "a", rng.randrange(99))
+
+        with contextlib.suppress(BaseException):
+            first.set("t", 0, "a", "before")
+            first.snapshot(chunk_rows=chunk_rows, progress=write)
+        with contextlib.suppress(BaseException):
+            first.close(timeout=5)
+        with Agent(store, Wal3Sink(objects, options=_OPTIONS), on_quiescence=mark) as again:
+            again.set("t", 1, "b", "restarted")
+            again.snapshot(chunk_rows=chunk_rows,
+                           progress=lambda _s, a=again: a.set("t", rng.randrange(rows), "b", 1))
+            again.set("t", 2, "c", "later")
+        asm = Assembler()
+        whole = 0
+        for record in read_log(objects):
+            for changeset in asm.feed(record):
+                if asm._baselines.trusted:  # the consumer holds the whole store
+                    whole += 1
+                    key = (changeset.domain_id, changeset.epoch_seq)
+                    assert _bits(asm.state) == truth[key], (k, key)
+        asm.check_gaps()
+        assert whole >= 2, k
+        assert _bits(asm.state) == _bits(store.snapshot()), k

@@ -115,3 +115,22 @@ def test_a_version_1_log_still_replays_bit_for_bit() -> None:
                             for (t, r, c), v in s.state.items())}
            for s in Assembler().replay(decoded)]  # type: ignore[arg-type]
     assert got == expected and len(got) > 50
+
+
+ints = st.integers(-(1 << 63), (1 << 63) - 1)
+floats = st.floats(allow_nan=True) | st.integers(0, (1 << 64) - 1).map(
+    lambda bits: struct.unpack(">d", bits.to_bytes(8, "big"))[0])  # any NaN payload
+
+
+@settings(deadline=None)
+@given(st.lists(ints, min_size=1, max_size=30) | st.lists(floats, min_size=1, max_size=30),
+       st.lists(ints, min_size=1, max_size=30) | st.lists(keys, min_size=1, max_size=30))
+def test_single_kind_columns_are_laid_out_like_encode_value(vals: list[object],
+                                                             rows: list[object]) -> None:
+    """A chunk whose values (or row keys) are all ints or all floats takes the direct
+    layout: it must be encode_value's bytes exactly, every float bit included."""
+    n = min(len(vals), len(rows))
+    cell_list = [("t", rows[i], "c", vals[i]) for i in range(n)]
+    chunk = SnapshotChunk.build(1, 2, 3, 4, 0, True, None, None, cell_list)  # type: ignore[arg-type]
+    assert chunk.data.column("value").to_pylist() == [encode_value(v) for v in vals[:n]]  # type: ignore[arg-type]
+    assert chunk.data.column("row").to_pylist() == [encode_value(r) for r in rows[:n]]  # type: ignore[arg-type]

@@ -49,8 +49,10 @@ def simulate_topic(items: Sequence[EventBatch | EpochRecord | SnapshotChunk], pa
     topic: list[list[Message]] = [[] for _ in range(partitions)]
     for item in items:
         if isinstance(item, SnapshotChunk):
-            chunk = snapshot_message(item, encoding)
+            chunk = snapshot_message(item, encoding, partitions)
             topic[chunk.partition].append((chunk.key, chunk.value, chunk.headers or None))
+            for row in chunk.rows:  # Debezium: the cells' op "r" records
+                topic[row.partition].append((row.key, row.value, row.headers))
         elif isinstance(item, EventBatch):
             keys, values, parts = builder.events(item)
             for key, value, part in zip(keys, values, parts, strict=True):

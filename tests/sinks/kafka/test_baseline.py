@@ -3,6 +3,7 @@ point's markers, and a consumer given nothing rebuilds the pre-populated store."
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -10,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from agent import Agent
+from agent import Agent, MemoryStore
 from replay import Assembler, InconsistentLog
 from replay.kafka import KafkaLog, consume_consistent
 from sinks import RecordingSink
-from sinks.codec import SnapshotChunk
+from sinks.codec import SnapshotChunk, encode_value
 from sinks.kafka import KafkaSink
 from tests.agent.test_baseline import _bits, _prepopulated, _writer
 from tests.services.kafka import KafkaBroker
@@ -118,3 +119,54 @@ def test_baseline_through_a_broker(kafka_broker: KafkaBroker, kafka_topic: Any,
                                          group_id=f"g-base-{encoding}", encoding=encoding,
                                          until_end=True))
     _check(_states(changesets), truth, report, final)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_big_values_fit_kafka_messages_with_default_settings(
+        kafka_broker: KafkaBroker, kafka_topic: Any, encoding: str) -> None:
+    """A store of ~300 KB values, default sink settings and chunk_rows: the agent cuts
+    chunks to fit the 1 MB message limit (one chunk would be 3 MB); a consumer given
+    nothing rebuilds the store. Debezium: a plain confluent-kafka reader sees one op "r"
+    record per baseline cell, equal to the store's cells, each in its cell's partition
+    and before the later change of that cell."""
+    from sinks.codec import cell_key, decode_debezium_read, encode_key, partition_of
+    from tests.sinks.kafka.test_sink import read_raw
+
+    topic = kafka_topic(3)
+    store = MemoryStore({("blob", i, "v"): f"{i:06d}" * 50_000 for i in range(10)}
+                        | {("small", i, c): i for i in range(30) for c in "ab"})
+    sink = KafkaSink(kafka_broker.bootstrap, topic, partitions=3, encoding=encoding)
+    agent = Agent(store, sink)
+    report = agent.snapshot()
+    baseline = _bits(store.snapshot())
+    agent.set("blob", 3, "v", "changed after the baseline")
+    agent.close()
+    assert report.chunks >= 5 and report.cells == len(baseline)
+    changesets = list(consume_consistent(kafka_broker.bootstrap, topic,
+                                         group_id=f"g-big-{encoding}", encoding=encoding,
+                                         until_end=True))
+    assert _states(changesets)[max(_states(changesets))] == _bits(store.snapshot())
+    if encoding != "debezium":
+        return
+    reads: dict[Any, bytes] = {}
+    last = 0
+    for partition, messages in enumerate(read_raw(kafka_broker.bootstrap, topic, 3)):
+        changed_at = None
+        for offset, message in enumerate(messages):
+            if message.value() is None:
+                continue  # epoch markers and chunk messages: tombstones
+            envelope = json.loads(message.value())
+            if envelope["op"] != "r":
+                if envelope["source"]["row"] == 3 and envelope["source"]["table"] == "blob":
+                    changed_at = offset
+                continue
+            table, row, column, value = decode_debezium_read(message.value())
+            assert partition == partition_of(cell_key(table, encode_key(row), column), 3)
+            assert json.loads(message.key()) == {"table": table, "row": row, "column": column}
+            last += envelope["source"]["snapshot"] == "last"
+            if (table, row) == ("blob", 3):
+                assert changed_at is None, "the read record came after the later change"
+            reads[(table, row, column)] = encode_value(value)
+    assert reads == baseline
+    assert last == 1
