@@ -45,6 +45,7 @@ from sequencer import EpochRecord
 from sinks.codec import (
     EVENT_SCHEMA,
     HEADER_PARTITION,
+    HEADER_READ,
     HEADER_SNAPSHOT,
     HEADER_WHOLE,
     MAGIC,
@@ -77,6 +78,7 @@ ENCODINGS: Final = ("native", "debezium")
 _EVENT: Final = "e"
 _MARKER: Final = "m"
 _CHUNK: Final = "c"
+_READ: Final = "r"  # a Debezium op "r" row of a baseline cell: the chunk has it, skipped
 _FOREIGN: Final = "x"
 
 # (partition, domain) -> the offset of the partition's marker of each epoch (index
@@ -129,11 +131,14 @@ class KafkaTopic:
                                                         HEADER_SNAPSHOT))
         head = F.substring("value", 1, 3)
         native = self.encoding == "native"
-        # The order of KafkaLog.feed: an event's magic, a marker's two headers, a chunk.
+        # The order of KafkaLog.feed: an event's magic, a marker's two headers, a chunk,
+        # a baseline cell's op "r" row (skipped), a Debezium event.
         kind = (F.when(head == F.lit(NATIVE_MAGIC), F.lit(_EVENT))
                 .when(part.isNotNull() & whole.isNotNull(), F.lit(_MARKER))
                 .when(snap.isNotNull() | (F.lit(native) & (head == F.lit(MAGIC))),
                       F.lit(_CHUNK))
+                .when(F.exists("headers", lambda h: h["key"] == F.lit(HEADER_READ)),
+                      F.lit(_READ))
                 .when(F.lit(not native) & F.col("value").isNotNull(), F.lit(_EVENT))
                 .otherwise(F.lit(_FOREIGN)))
         return raw.select(
@@ -229,7 +234,7 @@ def kafka_metadata(spark: SparkSession, topic: KafkaTopic
                    ) -> tuple[list[tuple[int, int, bytes, bytes]], list[ChunkHeader]]:
     """Pass 1: every marker ``(partition, offset, partition record, whole record)`` in
     each partition's order, and every chunk's header. A foreign message is refused."""
-    frame = topic.frame(spark).filter(F.col("kind") != F.lit(_EVENT))
+    frame = topic.frame(spark).filter(F.col("kind").isin(_MARKER, _CHUNK, _FOREIGN))
     from pyspark.sql.pandas.types import from_arrow_schema
 
     rows = frame.select("partition", "offset", "kind", "part", "whole", "snapshot"
