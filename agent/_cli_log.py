@@ -204,7 +204,8 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         with Progress("replaying", lambda: f"{changesets:,} changesets, {events:,} events"):
             for changeset in assembler.changesets(
-                    read_log(args.uri, prefix=args.prefix, endpoint_url=args.endpoint_url)):
+                    read_log(args.uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
+                             runs=True)):
                 changesets += 1
                 events += changeset.event_count
     except (InconsistentLog, CodecError, Wal3Error) as exc:

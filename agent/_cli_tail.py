@@ -10,7 +10,11 @@ null; a change has no ``before`` when the cell was created and no ``after`` when
 removed. Kafka: offsets are committed for ``--group`` at each quiescence point. wal3:
 the log is polled for new records; after a restart, ``--position`` with the last line's
 ``position`` prints only what follows it (the log is replayed from its start to rebuild
-the state, quietly).
+the state, quietly). On a log collected below a checkpoint (``cdc-agent log gc``) the
+replay starts from the checkpoint and its stripes, as ``read_log`` does (a line on
+stderr says so): the first line printed then holds every cell of the checkpoint. A
+``--position`` older than the checkpoint, or inside a compacted stripe, is refused
+naming the positions a resume may use.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from agent._logging import configure_logging
@@ -113,12 +117,20 @@ def run_wal3(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     out = out or sys.stdout
     uri = uri_from_path(args.uri)
-    polls = wal3_polls(uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
-                       follow=not args.until_end, poll=args.poll)
-    assembler = Assembler()
     # A position stands for a state this process does not have: replay from the log's
     # start (rebuilding it) and print only what comes after the position.
     applied = Frontier.parse(args.position) if args.position else Frontier.of([])
+
+    def starting(delta: Any) -> None:
+        check_position_against(delta, applied)
+        if delta.kind == "checkpoint":
+            print(f"cdc-agent tail wal3: the log's first records were collected: starting "
+                  f"from its checkpoint at offset {delta.hi} (frontier "
+                  f"{delta.after or 'empty'})", file=sys.stderr)
+
+    polls = wal3_polls(uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
+                       follow=not args.until_end, poll=args.poll, on_state=starting)
+    assembler = Assembler()
     try:
         for records in polls:  # each look ends with everything consistent so far printed
             for changeset in assembler.changesets(records):
@@ -133,12 +145,46 @@ def run_wal3(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
+def check_position_against(delta: Any, applied: Any) -> None:
+    """Raise ``InconsistentLog`` if the resume position ``applied`` (a ``Frontier``)
+    cannot continue through ``delta`` (a checkpoint or stripe): it lies before the
+    checkpoint (the events after it were collected), or strictly inside the stripe (no
+    reader can stand there after compaction)."""
+    from replay import Frontier, InconsistentLog
+
+    if next(iter(applied), None) is None:
+        return
+    before = {p.domain_id: p.epoch_seq for p in Frontier.parse(delta.before)} \
+        if delta.before else {}
+    after = {p.domain_id: p.epoch_seq for p in Frontier.parse(delta.after)} \
+        if delta.after else {}
+    for domain_id, seq in after.items():
+        mine = applied.get(domain_id)
+        at = mine.epoch_seq if mine is not None else 0
+        low = before.get(domain_id, 0)
+        if delta.kind == "checkpoint" and at < seq:
+            raise InconsistentLog(
+                f"--position {applied} lies before this log's checkpoint (offset {delta.hi}, "
+                f"frontier {delta.after}): the events after it were collected; start "
+                "without --position (the first line then holds the checkpoint's every cell)")
+        if delta.kind == "stripe" and low < at < seq:
+            raise InconsistentLog(
+                f"--position {applied} lies inside a compacted stripe (offsets {delta.lo} to "
+                f"{delta.hi}, frontier {delta.before or 'the start'} to {delta.after}): "
+                "resume from a position at one of its ends")
+
+
 def wal3_polls(uri: str, *, prefix: str = "", endpoint_url: str | None = None,
-               follow: bool = True, poll: float = 1.0) -> Iterator[Iterator[Any]]:
+               follow: bool = True, poll: float = 1.0,
+               on_state: Callable[[Any], None] | None = None) -> Iterator[Iterator[Any]]:
     """One iterator of decoded records per look at the log: first the whole log, then
     (with ``follow``) what was appended since the last look, every ``poll`` seconds.
-    Each record comes once: a look starts where the previous manifest ended."""
-    from sinks.wal3 import LogReader
+    Each record comes once: a look starts where the previous manifest ended.
+
+    On a log collected below its checkpoint, the first look yields the checkpoint and
+    the stripes (``StateDelta``, each passed to ``on_state`` first), then the records
+    after the newest retained point, as ``read_log`` does."""
+    from sinks.wal3 import LogReader, load_state_index
 
     reader = LogReader(uri, prefix, endpoint_url=endpoint_url)
     begin: int | None = None
@@ -146,12 +192,29 @@ def wal3_polls(uri: str, *, prefix: str = "", endpoint_url: str | None = None,
         manifest = reader.manifest()
         if begin is None:
             begin = manifest.oldest_offset
+            index = load_state_index(reader.store, manifest)
+            if index is not None and manifest.oldest_offset > index.entries[0].lo:
+                # The records before the oldest retained point are gone: the state
+                # there (and at each later retained point) stands for them.
+                yield _from_state(reader, manifest, index, on_state)
+                begin = manifest.next_offset
         if manifest.next_offset > begin:
             yield _records(reader, manifest, begin)
             begin = manifest.next_offset
         if not follow:
             return
         time.sleep(poll)
+
+
+def _from_state(reader: Any, manifest: Any, index: Any,
+                on_state: Callable[[Any], None] | None) -> Iterator[Any]:
+    from sinks.wal3 import iter_state_deltas
+
+    for delta in iter_state_deltas(reader.store, index):
+        if on_state is not None:
+            on_state(delta)
+        yield delta
+    yield from _records(reader, manifest, index.limit)
 
 
 def _records(reader: Any, manifest: Any, begin: int) -> Iterator[Any]:

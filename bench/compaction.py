@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from sinks.wal3 import CursorStore, LogReader, read_log
+    from sinks.wal3 import CursorStore, LogReader, iter_state_deltas, load_state_index, read_log
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-compaction-bench-"))
     folder = workdir / "log"
@@ -100,6 +100,13 @@ def main(argv: list[str] | None = None) -> None:
               f"{result.events_replaced:,} events replaced")
         print(f"log size: before {before:,} bytes, after {after:,} bytes "
               f"(ratio {after / before:.3f})")
+        reader = LogReader(uri)
+        index = load_state_index(reader.store, reader.manifest())
+        assert index is not None
+        carried = [(len(d.carried), sum(map(len, d.carried)))
+                   for d in iter_state_deltas(reader.store, index)]
+        print("carried (records of intervals open at each point: messages, bytes): "
+              + ", ".join(f"{n} / {b:,}" for n, b in carried))
 
         def fresh() -> int:
             reader = Assembler()

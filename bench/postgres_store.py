@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=100, help="events per changeset")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
     parser.add_argument("--sync", action="store_true", help="keep synchronous_commit on")
+    parser.add_argument("--replica-only", action="store_true",
+                        help="skip the cell writes; only the replica figures")
     args = parser.parse_args(argv)
     configure_logging(False)
 
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 PostgresStore(dsn, SPEC, pool_size=args.threads, verify_commits=True) as verified:
             store_exchanges(store, plan[:1])  # warm up: connections, prepared statements
             store_exchanges(verified, plan[:1])
-            for _ in range(args.rounds):
+            for _ in range(0 if args.replica_only else args.rounds):
                 keep("raw", raw_updates(dsn, plan))
                 keep("store", store_exchanges(store, plan))
                 keep("verified", store_exchanges(verified, plan))
@@ -232,6 +234,20 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(
             b / s for s, b in zip(runs[name], runs[baseline], strict=True))
 
+    if not args.replica_only:
+        _print_writes(args, total, best, ratio)
+    base = events / best["replica_base"]
+    print(f"Replica apply: {len(changesets)} changesets x {args.events} events")
+    print(f"  {'executemany upserts, no position':<40}{base:>10,.0f} events/s   1.00")
+    for name, label in (("replica1", "PostgresReplica, 1 changeset/txn"),
+                        ("replica20", "PostgresReplica, 20 changesets/txn")):
+        rate = events / best[name]
+        print(f"  {label:<40}{rate:>10,.0f} events/s   {ratio(name, 'replica_base'):.2f}")
+    return 0
+
+
+def _print_writes(args: argparse.Namespace, total: int, best: dict[str, float],
+                  ratio: Callable[[str, str], float]) -> None:
     raw = total / best["raw"]
     print(f"PostgreSQL cell writes: {args.threads} threads x {args.writes} writes on "
           f"{args.rows} rows, synchronous_commit={'on' if args.sync else 'off'} "
@@ -243,14 +259,6 @@ def main(argv: list[str] | None = None) -> int:
                         ("agent10", "Agent.set, batches of 10")):
         rate = total / best[name]
         print(f"  {label:<40}{rate:>10,.0f} writes/s   {ratio(name, 'raw'):.2f}")
-    base = events / best["replica_base"]
-    print(f"Replica apply: {len(changesets)} changesets x {args.events} events")
-    print(f"  {'executemany upserts, no position':<40}{base:>10,.0f} events/s   1.00")
-    for name, label in (("replica1", "PostgresReplica, 1 changeset/txn"),
-                        ("replica20", "PostgresReplica, 20 changesets/txn")):
-        rate = events / best[name]
-        print(f"  {label:<40}{rate:>10,.0f} events/s   {ratio(name, 'replica_base'):.2f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -32,11 +31,18 @@ import pyarrow.compute as pc
 
 from replay._baseline import Baselines
 from replay._bulk import BrokenChain, NetChanges, cancel_out, net_changes
+from replay._epoch_columns import (
+    EpochColumns,
+    first_count_fault,
+    first_setsum_fault,
+    first_table_fault,
+    first_tiling_fault,
+)
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay._resume import StateDelta, apply_state
 from sequencer import ABSENT, Absent, ChangeEvent, EpochRecord, RowKey, Value
-from sinks import SETSUM_PRIMES, EpochRun, EventBatch, Setsum
+from sinks import EpochRun, EventBatch, Setsum
 from sinks.codec import (
     EVENT_SCHEMA,
     SnapshotChunk,
@@ -44,7 +50,6 @@ from sinks.codec import (
     decode_value,
     encode_key,
     encode_value,
-    segment_digest_array,
     segment_digests,
 )
 
@@ -55,6 +60,7 @@ _HALF: Final = np.uint64(1 << 63)
 _SEEN_WINDOW: Final = 64  # epochs a position token's "seen" suffix covers at most
 _BULK_EVENTS: Final = 1 << 16  # changesets() verifies this many events at once
 _ONE = np.int64(1)
+_ONE_U = np.uint64(1)
 
 
 def _encode_cell(cell: Cell) -> bytes:
@@ -169,13 +175,61 @@ class Snapshot:
 
 
 @dataclass
+class _TailRun:
+    """Epoch records held as a run's columns: seqs ``first`` to ``last``, consecutive."""
+
+    first: int
+    last: int
+    run: EpochRun
+    columns: EpochColumns
+
+
+@dataclass
 class _Domain:
+    """One domain's applied point and what waits beyond it.
+
+    Epoch records wait in ``records`` (one by one) and, after every one of them, in
+    ``tail``: runs kept as columns, ascending, each starting above everything held
+    before it. Reading ``epochs`` turns the tail into records (the one-interval
+    reference path and the rarer paths work on records).
+    """
+
     domain_id: int
     applied_seq: int = 0  # epochs up to this one are applied (0: none yet)
     applied_end: int = 0  # ... and every batch before this id
-    epochs: dict[int, EpochRecord] = field(default_factory=dict)
+    records: dict[int, EpochRecord] = field(default_factory=dict)
+    tail: list[_TailRun] = field(default_factory=list)
     chunks: list[pa.RecordBatch] = field(default_factory=list)
     loose: list[ChangeEvent] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> dict[int, EpochRecord]:
+        """Every epoch record held, by seq (the tail expanded into records)."""
+        if self.tail:
+            records = self.records
+            for piece in self.tail:
+                for record in piece.run.records():
+                    records[record.epoch_seq] = record
+            self.tail = []
+        return self.records
+
+    def last_held(self) -> int:
+        """The highest epoch seq held (0: none)."""
+        if self.tail:
+            return self.tail[-1].last
+        return max(self.records) if self.records else 0
+
+    def holds(self, seq: int) -> bool:
+        return seq in self.records or any(p.first <= seq <= p.last for p in self.tail)
+
+    def held_after(self, limit: int) -> tuple[int, ...]:
+        """The first ``limit`` epoch seqs held, ascending."""
+        seqs = sorted(self.records)[:limit]
+        for piece in self.tail:
+            if len(seqs) >= limit:
+                break
+            seqs += range(piece.first, min(piece.last, piece.first + limit) + 1)
+        return tuple(seqs[:limit])
 
     def position(self, after: int | None = None, end_id: int | None = None) -> Position:
         """The position at quiescence point ``after`` (default: the last applied), with
@@ -183,7 +237,7 @@ class _Domain:
         seq = self.applied_seq if after is None else after
         seen = 0
         for offset in range(1, _SEEN_WINDOW + 1):
-            if seq + offset in self.epochs:
+            if self.holds(seq + offset):
                 seen |= 1 << (offset - 1)
         end = self.applied_end if end_id is None else end_id
         return Position(self.domain_id, seq, end, seen)
@@ -259,7 +313,7 @@ class Assembler:
         if isinstance(record, SnapshotChunk):
             return self._baselines.feed(self, record, defer=defer)
         if isinstance(record, EpochRun):  # a decoded EPOCHS message: its records in order
-            return [c for epoch in record.records() for c in self.feed(epoch, defer=defer)]
+            return self._feed_run(record, defer=defer)
         if isinstance(record, StateDelta):  # a checkpoint or stripe (replay._resume)
             done = self.drain() + apply_state(self, record)
             if defer:
@@ -287,8 +341,8 @@ class Assembler:
         self._pending_events = 0
         return parts
 
-    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch
-                                           | SnapshotChunk | StateDelta]
+    def changesets(self, records: Iterable[ChangeEvent | EpochRecord | EpochRun
+                                           | EventBatch | SnapshotChunk | StateDelta]
                    ) -> Iterator[Changeset]:
         """Feed every record; yield each changeset once verified (in bulk, for speed).
 
@@ -308,11 +362,14 @@ class Assembler:
             if finished:
                 break
             yield from self._drain_then_raise()
-        yield from self._drain_then_raise()
-        self.check_gaps()
+        # The usual last (often only) drain, unrolled: one generator frame less per
+        # changeset, which counts when each holds one event.
+        for part in self._drain_parts():
+            yield from part
+        self.check_gaps()  # raises a failure held back behind those changesets first
 
-    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk
-                                       | StateDelta]) -> Iterator[Snapshot]:
+    def replay(self, records: Iterable[ChangeEvent | EpochRecord | EpochRun | EventBatch
+                                       | SnapshotChunk | StateDelta]) -> Iterator[Snapshot]:
         """Like ``changesets``, but yield the whole state at every quiescence point."""
         state = self.state
         for changeset in self.changesets(records):
@@ -333,8 +390,12 @@ class Assembler:
         """Raise if a quiescence point was seen but an epoch before it never came.
 
         A log may end in the middle of an interval (its tail is still being written);
-        it may not skip an epoch.
+        it may not skip an epoch. A fault held back while the changesets before it were
+        handed out is raised first.
         """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
         self._baselines.check_held(self)
         for domain in self._domains.values():
             waiting = [r.epoch_seq for r in domain.epochs.values() if r.quiescent]
@@ -367,12 +428,12 @@ class Assembler:
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
 
-    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EventBatch | SnapshotChunk
-                                     | StateDelta]) -> bool:
+    def _take(self, source: Iterator[ChangeEvent | EpochRecord | EpochRun | EventBatch
+                                     | SnapshotChunk | StateDelta]) -> bool:
         """Store records from ``source`` until _BULK_EVENTS events wait (False) or it
         ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed."""
         domains = self._domains
-        epoch_type, batch_type = EpochRecord, EventBatch
+        epoch_type, batch_type, run_type = EpochRecord, EventBatch, EpochRun
         for record in source:
             kind = type(record)
             if kind is epoch_type:
@@ -389,9 +450,56 @@ class Assembler:
                 self._pending_events += record.data.num_rows  # type: ignore[union-attr]
                 if self._pending_events >= _BULK_EVENTS:
                     return False
+            elif kind is run_type:
+                self._store_run(record)  # type: ignore[arg-type]
             else:
                 self.feed(record, defer=True)
         return True
+
+    def _feed_run(self, run: EpochRun, *, defer: bool) -> list[Changeset]:
+        """``feed`` for a run: as its records fed in order, verified in one pass."""
+        try:
+            domain_ids = self._store_run(run)
+        except InconsistentLog as exc:
+            # Two records for one epoch differ: the records before it were taken; hand
+            # out what they completed, then the fault.
+            if defer:
+                raise
+            done = self.drain()
+            if not done:
+                raise
+            if self._failure is None:
+                self._failure = exc
+            return done
+        if defer:
+            return []
+        return [c for domain_id in domain_ids
+                for c in self._drain_domain(self._domains[domain_id], bulk=True)]
+
+    def _store_run(self, run: EpochRun) -> list[int]:
+        """Keep a run's new records; return the domains it named.
+
+        The usual run (one domain, consecutive seqs, all beyond what is held) is kept
+        as columns, with no Python step per record; any other goes record by record.
+        """
+        data = run.data
+        n = data.num_rows
+        if not n:
+            return []
+        domains = data.column(0).to_numpy()
+        seqs = data.column(1).to_numpy()
+        domain_id = int(domains[0])
+        if (domains == domains[0]).all() and (n == 1 or (np.diff(seqs) == _ONE_U).all()):
+            domain = self._domain(domain_id)
+            first, last = int(seqs[0]), int(seqs[-1])
+            if last <= domain.applied_seq:
+                return [domain_id]  # copies of applied epochs
+            if first > domain.applied_seq and first > domain.last_held():
+                domain.tail.append(_TailRun(first, last, run, EpochColumns.of_run(run)))
+                return [domain_id]
+        for record in run.records():
+            self._store_epoch(record)
+        return list(dict.fromkeys(domains.tolist()))
 
     def _store_epoch(self, record: EpochRecord) -> bool:
         """Keep ``record`` if new; False for a copy of one already held or applied."""
@@ -438,6 +546,8 @@ class Assembler:
 
     def _advance(self, domain: _Domain) -> Changeset | None:
         """Apply the next quiescent interval of ``domain`` if all its epochs are here."""
+        if domain.tail and not _interval_held(domain):
+            return None  # (keeps the tail as columns: reading ``epochs`` would expand it)
         interval = self._next_interval(domain)
         if interval is None:
             return None
@@ -491,64 +601,76 @@ class Assembler:
 
     # -- a run of intervals in one pass (the fast path) ------------------------------------
 
-    def _complete_run(self, domain: _Domain) -> list[EpochRecord]:
-        """The consecutive epochs held after the applied point, up to the last quiescent."""
-        epochs = domain.epochs
-        first = domain.applied_seq + 1
-        seqs = list(epochs)
-        if seqs == list(range(first, first + len(seqs))):  # all held, stored in order
-            run = list(epochs.values())
-        else:
-            run = []
-            seq = first
-            while (record := epochs.get(seq)) is not None:
-                run.append(record)
-                seq += 1
-        while run and not run[-1].quiescent:
-            run.pop()
-        return run
+    def _complete_run(self, domain: _Domain) -> EpochColumns | None:
+        """The consecutive epochs held after the applied point, up to the last quiescent,
+        as columns (None: no complete interval)."""
+        records = domain.records
+        parts: list[EpochColumns] = []
+        following = domain.applied_seq + 1
+        if records:
+            seqs = list(records)
+            if seqs == list(range(following, following + len(seqs))):  # stored in order
+                run = list(records.values())
+            else:
+                run = []
+                while (record := records.get(following + len(run))) is not None:
+                    run.append(record)
+            if run:
+                parts.append(EpochColumns.of_records(run))
+            following += len(run)
+            if len(run) != len(records):  # a gap: nothing after it is consecutive
+                following = -1
+        for piece in domain.tail:
+            if piece.first != following:
+                break
+            parts.append(piece.columns)
+            following = piece.last + 1
+        if not parts:
+            return None
+        columns = EpochColumns.concat(parts)
+        markers = np.flatnonzero(columns.quiescent)
+        if not len(markers):
+            return None
+        return columns.head(int(markers[-1]) + 1)
 
-    def _advance_run(self, domain: _Domain, epochs: list[EpochRecord]) -> _Run | None:
+    def _advance_run(self, domain: _Domain, epochs: EpochColumns) -> _Run | None:
         """Verify and apply the intervals of ``epochs`` in one vectorised pass.
 
         If one is at fault, the intervals before it are verified again without it and
         applied; the one at fault is left for ``_advance``, which names the fault exactly
         as the one-interval path does.
         """
-        while epochs:
+        while len(epochs):
             outcome = self._try_run(domain, epochs)
             if not isinstance(outcome, int):
                 return outcome
-            cut = outcome  # the first epoch at fault: drop its interval and what follows
-            while cut > 0 and not epochs[cut - 1].quiescent:
-                cut -= 1
-            epochs = epochs[:cut]
+            # The first epoch at fault: drop its interval and what follows.
+            before = np.flatnonzero(epochs.quiescent[:outcome])
+            if not len(before):
+                return None
+            epochs = epochs.head(int(before[-1]) + 1)
         return None
 
-    def _try_run(self, domain: _Domain, epochs: list[EpochRecord]) -> _Run | int:
+    def _try_run(self, domain: _Domain, epochs: EpochColumns) -> _Run | int:
         """The changesets of the run, applied; or the index of the first epoch at fault
         (nothing applied)."""
-        n_epochs = len(epochs)
-        # One C-level pass per field: no tuple per epoch (a run of one-event intervals
-        # holds ~2 epochs per event, and tuples that pile up set off the cycle collector).
-        begins, ends_list, counts, quiet, table_counts, setsums = (
-            list(map(getter, epochs)) for getter in _EPOCH_FIELDS)
-        if begins[0] != domain.applied_end or begins[1:] != ends_list[:-1]:
-            expected = [domain.applied_end, *ends_list[:-1]]
-            return next(i for i, (b, e) in enumerate(zip(begins, expected, strict=True))
-                        if b != e)
-        data, rest, late, conflict = self._take_interval(domain, ends_list[-1])
+        tiling = first_tiling_fault(epochs, domain.applied_end)
+        if tiling is not None:
+            return tiling
+        end_id = int(epochs.ends[-1])
+        data, rest, late, conflict = self._take_interval(domain, end_id)
         base = np.uint64(domain.applied_end)
-        ends = np.array(ends_list, dtype=np.uint64) - base
+        ends = epochs.ends - base
         rel = data.column("batch_id").to_numpy() - base
         epoch_index = np.searchsorted(ends, rel, side="right")
-        faults = [_first_count_fault(counts, epoch_index),
-                  _first_table_fault(table_counts, counts, data, epoch_index)]
+        faults = [first_count_fault(epochs, epoch_index)]
+        if len(epochs.table_names):
+            faults.append(first_table_fault(epochs, _flat(data.column("table")), epoch_index))
         if conflict is not None:
             faults.append(int(epoch_index[conflict]))
         else:
-            faults.append(_first_setsum_fault(setsums, data, epoch_index))
-        quiescent = np.array(quiet, dtype=bool)
+            faults.append(first_setsum_fault(epochs, data, epoch_index))
+        quiescent = epochs.quiescent
         markers = np.flatnonzero(quiescent)
         interval_of_epoch = np.concatenate(([0], np.cumsum(quiescent[:-1])))
         net: NetChanges | BrokenChain | None = None
@@ -569,18 +691,12 @@ class Assembler:
             del state[key]
         self.late_duplicates += late
         domain.chunks = rest
-        held = domain.epochs
-        if len(held) == n_epochs:
-            held.clear()
-        else:
-            for record in epochs:
-                del held[record.epoch_seq]
-        marker_list = markers.tolist()
-        positions = _RunPositions(domain.domain_id, tuple(sorted(held)[:_SEEN_WINDOW]),
-                                  [ends_list[i] for i in marker_list])
-        first_seq = domain.applied_seq + 1  # the run's epochs are consecutive from here
-        done = _Run(domain.domain_id, [first_seq + i for i in marker_list], net, positions)
-        domain.applied_seq, domain.applied_end = epochs[-1].epoch_seq, ends_list[-1]
+        last_seq = int(epochs.seqs[-1])
+        _drop_applied(domain, last_seq)
+        positions = _RunPositions(domain.domain_id, domain.held_after(_SEEN_WINDOW),
+                                  epochs.ends[markers].tolist())
+        done = _Run(domain.domain_id, epochs.seqs[markers].tolist(), net, positions)
+        domain.applied_seq, domain.applied_end = last_seq, end_id
         return done
 
     def _check_tiling(self, domain: _Domain, epochs: list[EpochRecord]) -> None:
@@ -692,6 +808,41 @@ def _identity_conflict(domain: _Domain, data: pa.Table, row: int) -> Inconsisten
         domain_id=domain.domain_id)
 
 
+def _interval_held(domain: _Domain) -> bool:
+    """Whether every epoch of ``domain``'s next interval is held."""
+    seq = domain.applied_seq + 1
+    records = domain.records
+    while (record := records.get(seq)) is not None:
+        if record.quiescent:
+            return True
+        seq += 1
+    for piece in domain.tail:
+        if piece.first != seq:
+            return False
+        if piece.columns.quiescent.any():
+            return True
+        seq = piece.last + 1
+    return False
+
+
+def _drop_applied(domain: _Domain, last_seq: int) -> None:
+    """Forget the epoch records up to ``last_seq`` (a run just applied)."""
+    records = domain.records
+    if records:
+        if max(records) <= last_seq:
+            records.clear()
+        else:
+            for seq in [s for s in records if s <= last_seq]:
+                del records[seq]
+    tail = domain.tail
+    while tail and tail[0].last <= last_seq:
+        tail.pop(0)
+    if tail and tail[0].first <= last_seq:
+        piece, skip = tail[0], last_seq + 1 - tail[0].first
+        run = EpochRun(piece.run.data.slice(skip))
+        tail[0] = _TailRun(last_seq + 1, piece.last, run, EpochColumns.of_run(run))
+
+
 class _Run:
     """The changesets of a run of intervals verified and applied together, each built
     when iterated: a consumer that lets each go keeps one alive, not one per interval."""
@@ -730,103 +881,6 @@ class _RunPositions:
             if 0 < epoch - seq <= _SEEN_WINDOW:
                 seen |= 1 << (epoch - seq - 1)
         return Position(self.domain_id, seq, self.end_ids[index], seen)
-
-
-def _first_count_fault(counts: list[int], epoch_index: np.ndarray) -> int | None:
-    """The first epoch whose event count is not its record's (``counts``)."""
-    n = len(counts)
-    bad = np.flatnonzero(np.bincount(epoch_index, minlength=n)[:n] != np.array(counts))
-    return int(bad[0]) if len(bad) else None
-
-
-def _first_table_fault(table_counts: list[tuple[tuple[str, int], ...]], counts: list[int],
-                       data: pa.Table, epoch_index: np.ndarray) -> int | None:
-    """The first epoch (with events) whose per-table counts are not the record's
-    (``table_counts``, ``counts`` per epoch)."""
-    if not any(table_counts):
-        return None
-    tables = pc.dictionary_encode(_flat(data.column("table")))
-    names = tables.dictionary.to_pylist()
-    if len(names) == 1:  # one table: each record must say (that table, its count)
-        name = names[0]
-        said = {n: ((name, n),) for n in set(counts)}  # one expected tuple per count
-        differs = np.fromiter(map(operator.ne, table_counts, map(said.__getitem__, counts)),
-                              dtype=bool, count=len(counts))
-        bad = np.flatnonzero(differs & (np.array(counts) != 0))  # epochs with no events: skipped
-        return int(bad[0]) if len(bad) else None
-    code_of = {name: i for i, name in enumerate(names)}
-    width = len(names) + 1
-    exp_epoch: list[int] = []
-    exp_code: list[int] = []
-    exp_count: list[int] = []
-    for i, (pairs_said, count_said) in enumerate(zip(table_counts, counts, strict=True)):
-        if count_said:
-            for name, count in dict(pairs_said).items():
-                exp_epoch.append(i)
-                exp_code.append(code_of.get(name, len(names)))
-                exp_count.append(count)
-    checked = np.array(counts, dtype=bool)
-    combined = epoch_index.astype(np.int64) * width + tables.indices.to_numpy()
-    combined = combined[checked[np.minimum(epoch_index, len(counts) - 1)]]
-    pairs, seen_counts = np.unique(combined, return_counts=True)
-    seen_epoch, seen_code = np.divmod(pairs, width)
-    # Every (epoch, table, count) the log shows must be the record's, and back: a row
-    # found once only (on either side) marks its epoch.
-    epoch_col = np.concatenate((seen_epoch, np.array(exp_epoch, dtype=np.int64)))
-    code_col = np.concatenate((seen_code, np.array(exp_code, dtype=np.int64)))
-    count_col = np.concatenate((seen_counts.astype(np.int64),
-                                np.array(exp_count, dtype=np.int64)))
-    if not len(epoch_col):
-        return None
-    order = np.lexsort((count_col, code_col, epoch_col))
-    e, c, k = epoch_col[order], code_col[order], count_col[order]
-    same_next = np.zeros(len(e), dtype=bool)
-    same_next[:-1] = (e[1:] == e[:-1]) & (c[1:] == c[:-1]) & (k[1:] == k[:-1])
-    paired = same_next.copy()
-    paired[1:] |= same_next[:-1]
-    lone = e[~paired]
-    return int(lone.min()) if len(lone) else None
-
-
-def _first_setsum_fault(setsums: list[str], data: pa.Table, epoch_index: np.ndarray
-                        ) -> int | None:
-    """The first epoch whose events' setsum is not the record's (``setsums``; digests
-    summed per epoch as lanes, modulo the setsum primes, all at once)."""
-    n = len(setsums)
-    if all(setsums):  # the usual case: every record carries its setsum
-        wanted_index, wanted = np.arange(n), setsums
-    else:
-        wanted_index = np.flatnonzero(np.array([bool(h) for h in setsums], dtype=bool))
-        wanted = [setsums[i] for i in wanted_index.tolist()]
-    if not wanted:
-        return None
-    starts, digests = segment_digest_array(data)
-    owner = epoch_index[starts]
-    lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
-    cumulative = np.zeros((len(lanes) + 1, 8), dtype=np.uint64)
-    np.cumsum(lanes, axis=0, out=cumulative[1:])
-    bounds = np.searchsorted(owner, np.arange(n + 1))
-    sums = (cumulative[bounds[1:]] - cumulative[bounds[:-1]]) % _PRIMES
-    index = wanted_index
-    text = "".join(wanted)
-    if len(text) == 64 * len(wanted) and text == text.lower():
-        try:
-            expected = np.frombuffer(bytes.fromhex(text), dtype="<u4").reshape(-1, 8)
-        except ValueError:
-            expected = None
-    else:
-        expected = None
-    if expected is not None:
-        bad = index[(sums[index] != expected).any(axis=1)]
-    else:  # a record's setsum is not canonical hex: compare the texts, as the record says
-        actual = [Setsum(sums[i].tolist()).hexdigest() for i in index.tolist()]
-        bad = index[np.array([a != h for a, h in zip(actual, wanted, strict=True)])]
-    return int(bad[0]) if len(bad) else None
-
-
-_PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
-_EPOCH_FIELDS: Final = tuple(map(operator.attrgetter, (
-    "begin_id", "end_id", "event_count", "quiescent", "table_counts", "setsum")))
 
 
 def _check_counts(domain: _Domain, epochs: list[EpochRecord], data: pa.Table,

@@ -26,10 +26,11 @@ was superseded is deleted after; a rerun finishes or redoes the work (same objec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from replay._assembler import Assembler
+from replay._assembler import Assembler, Changeset
 from replay._resume import Captured, capture
 from sinks import Setsum
 from sinks.codec import EventBatch, decode
@@ -51,9 +52,9 @@ from sinks.wal3 import (
     moved_setsum,
     publish_state_index,
     record_setsum,
-    state_setsum,
     write_state_objects,
 )
+from sinks.wal3._state import check_chain, state_moves
 
 __all__ = ["CompactionReport", "checkpoint_log", "collect_log", "compact_log"]
 
@@ -86,6 +87,50 @@ class _Span:
         self.records += records
         self.events += events
         self.setsum = self.setsum + setsum
+
+
+@dataclass
+class _Attribution:
+    """Which domain's changesets changed each cell over one span: per cell the runs of
+    consecutive changes by one domain, ``[domain, value before, value after]``, and the
+    domains in the order their first changeset went out, with their event counts."""
+
+    order: dict[int, int] = field(default_factory=dict)
+    runs: dict[bytes, list[list[Any]]] = field(default_factory=dict)
+
+    def add(self, changesets: list[Changeset]) -> None:
+        runs = self.runs
+        for changeset in changesets:
+            domain = changeset.domain_id
+            self.order[domain] = self.order.get(domain, 0) + changeset.event_count
+            net, i = changeset._net, changeset._index
+            lo, hi = net.bounds[i], net.bounds[i + 1]
+            for key, before, after in zip(net.keys[lo:hi], net.initials[lo:hi],
+                                          net.finals[lo:hi], strict=True):
+                cell = runs.get(key)
+                if cell is None:
+                    runs[key] = [[domain, before, after]]
+                elif cell[-1][0] == domain:
+                    cell[-1][2] = after
+                else:
+                    cell.append([domain, before, after])
+
+    def rows(self) -> list[tuple[int, bytes, bytes, bytes]]:
+        """``(domain, cell, before, after)`` in changeset order: a cell changed by
+        several domains one after the other (in the order their changesets go out)
+        keeps a row per domain; one they changed interleaved goes whole with the last
+        domain that changed it (no per-domain split of it is a state the log held)."""
+        rank = {d: i for i, d in enumerate(self.order)}
+        out = []
+        for key, runs in self.runs.items():
+            ranks = [rank[r[0]] for r in runs]
+            if all(a < b for a, b in itertools.pairwise(ranks)):
+                out += [(rank[d], key, d, b, a) for d, b, a in runs if b != a]
+            elif runs[0][1] != runs[-1][2]:
+                d = runs[-1][0]
+                out.append((rank[d], key, d, runs[0][1], runs[-1][2]))
+        out.sort(key=lambda row: (row[0], row[1]))
+        return [(d, k, b, a) for _r, k, d, b, a in out]
 
 
 def _reader(store_or_uri: ObjectStore | str, prefix: str, endpoint_url: str | None
@@ -179,8 +224,11 @@ def compact_log(store_or_uri: ObjectStore | str, *, prefix: str = "",
 def _run(reader: LogReader, points: list[int], *, collect: bool) -> CompactionReport:
     manifest = reader.manifest()
     old = load_state_index(reader.store, manifest)
-    captures, spans, first = _replay(reader, manifest, old, points)
-    deltas = _deltas(points, captures, spans, first)
+    captures, spans, first, attributions = _replay(reader, manifest, old, points)
+    deltas = _deltas(points, captures, spans, first, attributions)
+    # Each stripe's rows must lead to the state captured at its end (a bug here would
+    # otherwise be published): the same check every reader runs.
+    list(check_chain(deltas, [f"the new {d.kind} at offset {d.hi}" for d in deltas]))
     index = write_state_objects(reader.store, deltas)
     index = publish_state_index(reader.store, index, old.path if old is not None else None)
     report = CompactionReport(points, index.path, len(deltas[0].keys),
@@ -196,10 +244,10 @@ def _run(reader: LogReader, points: list[int], *, collect: bool) -> CompactionRe
 
 
 def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, points: list[int]
-            ) -> tuple[list[Captured], list[_Span], int]:
+            ) -> tuple[list[Captured], list[_Span], int, list[_Attribution]]:
     """Replay the log from its start, capturing the assembler at each point; return the
-    captures, the spans' accounting (below P1, then between points) and the log's first
-    offset."""
+    captures, the spans' accounting (below P1, then between points), the log's first
+    offset and which domain changed which cells in each span."""
     end = manifest.next_offset
     for p in points:
         if p > end or p < 1:
@@ -214,6 +262,7 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
     asm = Assembler()
     captures: list[Captured] = []
     spans = [_Span() for _ in points]
+    attributions = [_Attribution() for _ in points]
     targets = iter(points)
     target: int | None = next(targets)
     span = 0
@@ -222,10 +271,14 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
         """Capture every point at or below ``offset`` (the next record's)."""
         nonlocal target, span
         while target is not None and target <= offset:
-            asm.drain()
+            attribute(asm.drain())
             captures.append(capture(asm, target))
             span += 1
             target = next(targets, None)
+
+    def attribute(changesets: list[Changeset]) -> None:
+        if span:  # the checkpoint's span needs none
+            attributions[span].add(changesets)
 
     if use_old and old is not None:
         first = old.entries[0].lo
@@ -238,7 +291,7 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
             reach(delta.lo if delta.kind == "stripe" else first)
             if target is None:
                 break
-            asm.feed(delta)
+            attribute(asm.feed(delta))
             spans[span].add(delta.replaced_records, delta.replaced_events,
                             Setsum.from_hexdigest(delta.replaced_setsum))
     else:
@@ -270,43 +323,77 @@ def _replay(reader: LogReader, manifest: Manifest, old: StateIndex | None, point
                 asm.feed(item, defer=True)
             pending += events
             if pending >= _DRAIN_EVENTS:
-                asm.drain()
+                attribute(asm.drain())
                 pending = 0
         if target is None:
             break
     reach(end)
-    return captures, spans, first
+    return captures, spans, first, attributions
 
 
-def _deltas(points: list[int], captures: list[Captured], spans: list[_Span], first: int
-            ) -> list[StateDelta]:
+def _deltas(points: list[int], captures: list[Captured], spans: list[_Span], first: int,
+            attributions: list[_Attribution]) -> list[StateDelta]:
     out: list[StateDelta] = []
     running = Setsum()
     previous: Captured | None = None
     lo = first
-    for point, cap, span in zip(points, captures, spans, strict=True):
+    for point, cap, span, attribution in zip(points, captures, spans, attributions,
+                                             strict=True):
+        carry = tuple(sorted((k, v, b) for k, (v, b) in cap.carry.items()))
+        extra: dict[str, Any] = {
+            "carry": carry, "baseline": cap.baseline,
+            "domain_order": cap.domains if list(cap.domains) != sorted(cap.domains) else ()}
         if previous is None:
             keys = sorted(cap.state)
             values = [cap.state[k] for k in keys]
             befores = [b""] * len(keys)
-            running = state_setsum(cap.state)
             kind, before = "checkpoint", ""
-        else:
+        elif len(attribution.order) <= 1 and not (previous.carry or carry or cap.baseline
+                                                  or extra["domain_order"]):
+            # Version 1: the net change of each cell (one domain moved, or none).
             old_state, new_state = previous.state, cap.state
             keys = sorted(k for k in old_state.keys() | new_state.keys()
                           if old_state.get(k, b"") != new_state.get(k, b""))
             values = [new_state.get(k, b"") for k in keys]
             befores = [old_state.get(k, b"") for k in keys]
-            running = moved_setsum(running, keys, befores, values)
             kind, before = "stripe", previous.frontier
-        out.append(StateDelta(
+        else:
+            # Version 2: each domain's changesets, net per cell, in the order they went
+            # out; the carry at the end is undone in them (the reader redoes it).
+            rows = attribution.rows()
+            keys = [k for _d, k, _b, _a in rows]
+            befores = [b for _d, _k, b, _a in rows]
+            values = [a for _d, _k, _b, a in rows]
+            extra.update(domains=tuple(d for d, _k, _b, _a in rows),
+                         order=tuple(attribution.order.items()))
+            kind, before = "stripe", previous.frontier
+        delta = StateDelta(
             kind=kind, lo=lo, hi=point, before=before, after=cap.frontier,
             trusted=cap.trusted, keys=tuple(keys), values=tuple(values),
-            befores=tuple(befores), carried=cap.carried, state_setsum=running.hexdigest(),
+            befores=tuple(befores), carried=cap.carried, state_setsum="",
             replaced_records=span.records, replaced_events=span.events,
-            replaced_setsum=span.setsum.hexdigest()))
+            replaced_setsum=span.setsum.hexdigest(), **extra)
+        moves = state_moves(delta, previous.carry if previous is not None else {})
+        if previous is not None:
+            _check_moves(previous.state, cap.state, moves, point)
+        else:
+            running = Setsum()
+        running = moved_setsum(running, *moves)
+        out.append(replace(delta, state_setsum=running.hexdigest()))
         previous, lo = cap, point
     return out
+
+
+def _check_moves(old: dict[bytes, bytes], new: dict[bytes, bytes],
+                 moves: tuple[list[bytes], list[bytes], list[bytes]], point: int) -> None:
+    """The state a stripe's rows lead to is the one captured at its end."""
+    keys, befores, values = moves
+    want = {k for k in old.keys() | new.keys() if old.get(k, b"") != new.get(k, b"")}
+    got = dict(zip(keys, zip(befores, values, strict=True), strict=True))
+    if set(got) != want or any(got[k] != (old.get(k, b""), new.get(k, b"")) for k in want):
+        raise CorruptState(
+            f"the changesets replayed up to offset {point} do not add up to the state "
+            "there; nothing was written (a bug: please report it with the log)")
 
 
 def describe(report: CompactionReport) -> dict[str, Any]:

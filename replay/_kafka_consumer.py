@@ -22,6 +22,7 @@ from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
 from replay._position import Frontier, Position
 from sequencer import Value
+from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
 from sinks.kafka import (
     KafkaConfigError,
     KafkaSinkError,
@@ -53,9 +54,10 @@ class KafkaConsistentConsumer:
     state from the beginning of the topic and hands out only what comes after the
     position.
 
-    ``max_waiting_epochs`` bounds the epochs held while some partitions wait for the
-    others: beyond it, the partitions ahead are paused until the others caught up
-    (0: never pause). See ``docs/kafka.md``.
+    ``max_waiting_epochs`` and ``max_waiting_events`` bound the epochs, and the events
+    of them, held while some partitions wait for the others: beyond either, the
+    partitions ahead are paused until the others caught up (0: no bound). See
+    ``docs/kafka.md``.
 
     Raises ``InconsistentLog`` (from ``replay``) rather than hand out a wrong changeset,
     ``KafkaUnavailable`` if no broker answers within ``startup_timeout``, and
@@ -73,7 +75,8 @@ class KafkaConsistentConsumer:
         initial_state: Mapping[Cell, Value] | None = None,
         config: Mapping[str, Any] | None = None,
         startup_timeout: float = 15.0,
-        max_waiting_epochs: int = 2000,
+        max_waiting_epochs: int = 20_000,
+        max_waiting_events: int = 200_000,
     ) -> None:
         if encoding not in ("native", "debezium"):
             raise KafkaConfigError(
@@ -97,6 +100,7 @@ class KafkaConsistentConsumer:
         self._fatal: str | None = None
         self._failure: InconsistentLog | KafkaSinkError | None = None
         self.max_waiting_epochs = max_waiting_epochs
+        self.max_waiting_events = max_waiting_events
         self._paused: list[int] = []
         with kafka_errors("consumer", f"creating the consumer of topic {topic!r} for group "
                           f"{group_id!r}", KafkaConfigError, "fix the consumer config",
@@ -188,7 +192,8 @@ class KafkaConsistentConsumer:
                           "nothing was handed out; poll again"):
             messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
-        feed = self.log.feed
+        feed, feed_event = self.log.feed, self.log.feed_event
+        magic = EVENT_MAGIC if self.log.encoding == "native" else None
         failure: InconsistentLog | KafkaSinkError | None = None
         try:
             for message in messages:
@@ -200,13 +205,18 @@ class KafkaConsistentConsumer:
                         raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
                     log.warning("kafka_consume_error", error=err.str())
                     continue
-                feed(message.partition(), message.offset(), message.key(), message.value(),
-                     message.headers())
+                value = message.value()
+                if magic is not None and value is not None and value[:3] == magic:
+                    feed_event(message.partition(), message.offset(), value)  # most messages
+                else:
+                    feed(message.partition(), message.offset(), message.key(), value,
+                         message.headers())
         except (InconsistentLog, KafkaSinkError) as exc:
             failure = exc
         try:
             # Every interval complete so far, verified in one pass.
             out.extend(self.log.drain())
+            failure = self.log.failure or failure  # met in the drain: it comes first
         except InconsistentLog as exc:
             failure = exc  # it comes before anything met while reading on
         if failure is not None:
@@ -221,21 +231,23 @@ class KafkaConsistentConsumer:
         return out
 
     def _bound_skew(self) -> None:
-        """Pause the partitions that run ahead while too many epochs wait for the others
+        """Pause the partitions that run ahead while too much waits for the others
         (librdkafka hands over one partition almost whole before the next), resume them
         once the others caught up: what the consumer holds stays bounded."""
-        if not self.max_waiting_epochs:
+        load = max(_share(self.log.waiting_epochs(), self.max_waiting_epochs),
+                   _share(self.log.waiting_events(), self.max_waiting_events))
+        if not load and not self._paused:
             return
-        waiting = self.log.waiting_epochs()
         ck = self._ck
         paused = set(self._paused)
         target: set[int] = set()
-        if waiting > self.max_waiting_epochs // 2:
+        if load > 0.5:
             ahead = set(self.log.ahead())
             if len(ahead) < self.partitions:
                 # Keep paused only what is still ahead (a partition paused half way may
                 # be the one holding the cut back now); pause more past the bound.
-                target = ahead if waiting > self.max_waiting_epochs else paused & ahead
+                target = ahead if load > 1 else paused & ahead
+        waiting = self.log.waiting_epochs()
         if target - paused:
             with kafka_errors("consumer", f"pausing partitions of {self.topic!r}"):
                 self._consumer.pause([ck.TopicPartition(self.topic, p)
@@ -331,6 +343,11 @@ class KafkaConsistentConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _share(held: int, bound: int) -> float:
+    """How full a bound is (0: no bound)."""
+    return held / bound if bound else 0.0
 
 
 def furthest(tokens: Iterable[str]) -> Frontier | None:

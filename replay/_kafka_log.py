@@ -31,8 +31,9 @@ from typing import Final
 
 from replay._assembler import Assembler, Changeset
 from replay._errors import InconsistentLog
+from replay._kafka_shares import check_shares
 from replay._position import Frontier, Position
-from sequencer import EpochRecord, id_lt
+from sequencer import EpochRecord
 from sinks import Setsum
 from sinks.codec import (
     HEADER_PARTITION,
@@ -47,7 +48,9 @@ from sinks.codec import (
     decode,
     decode_debezium_event,
     encode_key,
+    encode_native_event,
     encode_value,
+    native_event_head,
     raw_events_batch,
     row_segment_digests,
     segment_digests,
@@ -80,7 +83,7 @@ class _PendingBatches:
 
     def __init__(self) -> None:
         self._base: int | None = None
-        self._batches: dict[int, dict[int, RawEvent]] = {}
+        self._batches: dict[int, dict[int, bytes]] = {}  # batch -> seq -> message value
         self._heap: list[int] = []
         self.events = 0
 
@@ -89,21 +92,22 @@ class _PendingBatches:
             self._base = (batch_id - (1 << 63)) % _RING
         return (batch_id - self._base) % _RING
 
-    def add(self, event: RawEvent) -> RawEvent | None:
-        """Keep ``event``; return the event already kept with its identity, if any."""
-        batch = self._batches.get(event.batch_id)
+    def add(self, batch_id: int, seq: int, value: bytes) -> bytes | None:
+        """Keep the event message ``value``; return the one already kept with its
+        identity ``(batch_id, seq)``, if any."""
+        batch = self._batches.get(batch_id)
         if batch is None:
-            batch = self._batches[event.batch_id] = {}
-            heapq.heappush(self._heap, self._rel(event.batch_id))
-        known = batch.get(event.seq)
+            batch = self._batches[batch_id] = {}
+            heapq.heappush(self._heap, self._rel(batch_id))
+        known = batch.get(seq)
         if known is None:
-            batch[event.seq] = event
+            batch[seq] = value
             self.events += 1
         return known
 
-    def take_before(self, end_id: int) -> list[RawEvent]:
-        """Remove and return every event of a batch before ``end_id``."""
-        out: list[RawEvent] = []
+    def take_before(self, end_id: int) -> list[bytes]:
+        """Remove and return every event message of a batch before ``end_id``."""
+        out: list[bytes] = []
         if not self._heap:
             return out
         limit = self._rel(end_id)
@@ -150,16 +154,21 @@ class _Lane:
     pending: _PendingBatches = field(default_factory=lambda: _PendingBatches())
 
 
-@dataclass
 class _Epoch:
-    """One epoch of one domain, as the partitions vouch for it."""
+    """One epoch of one domain, as the partitions vouch for it (a plain slotted class:
+    one is made per epoch, a dataclass's default factories cost more than the rest)."""
 
-    whole: EpochRecord
-    raw_whole: bytes = b""  # its header's bytes (the key of KafkaLog._wholes)
-    batches: list[EventBatch] = field(default_factory=list)  # large partition shares
-    events: list[RawEvent] = field(default_factory=list)  # small ones, (batch, seq) order
-    vouched: set[int] = field(default_factory=set)  # partitions whose marker verified it
-    counted: int = 0
+    __slots__ = ("batches", "counted", "events", "raw_whole", "shares", "vouched", "whole")
+
+    def __init__(self, whole: EpochRecord, raw_whole: bytes = b"") -> None:
+        self.whole = whole
+        self.raw_whole = raw_whole  # its header's bytes (the key of KafkaLog._wholes)
+        self.batches: list[EventBatch] = []  # large partition shares (streaming)
+        self.events: list[RawEvent] = []  # small ones, (batch, seq) order (streaming)
+        self.vouched: set[int] = set()  # partitions whose marker verified it
+        self.counted = 0
+        # bulk: shares whose per-table counts and setsum are checked at drain, all at once
+        self.shares: list[tuple[int, EpochRecord, list[bytes]]] = []
 
 
 class KafkaLog:
@@ -206,7 +215,12 @@ class KafkaLog:
         # small shares go over as one Arrow batch (building one per share costs more
         # than the share), always before the assembler verifies anything.
         self._ready_events: list[RawEvent] = []
+        # bulk: epochs every partition vouched for (by count), in the order they became
+        # complete, whose shares' per-table counts and setsums are checked together at
+        # drain before any of them reaches the assembler.
+        self._queued: list[_Epoch] = []
         self.duplicates = 0
+        self._held = 0  # events of the epochs in _epochs (waiting for other partitions)
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
         # consumer that never commits keeps only the latest.
@@ -222,6 +236,12 @@ class KafkaLog:
         """The assembler's position: everything up to it was handed out as changesets."""
         return self.assembler.position
 
+    @property
+    def failure(self) -> InconsistentLog | None:
+        """The fault ``drain`` met after the changesets it returned (raised from the next
+        call); it comes before anything fed since."""
+        return self._failure
+
     def seek(self, partition: int, offset: int) -> None:
         """Say where reading ``partition`` starts (the committed offset, or 0)."""
         self._next_offset[partition] = offset
@@ -231,18 +251,13 @@ class KafkaLog:
     def feed(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
              headers: Sequence[tuple[str, bytes | None]] | None) -> list[Changeset]:
         """Take one message of ``partition`` (in the partition's order)."""
+        if value is not None and value.startswith(EVENT_MAGIC):
+            self.feed_event(partition, offset, value)
+            return []
         if self._failure is not None:
             raise self._failure
         self._next_offset[partition] = offset + 1
-        if value is not None and value.startswith(EVENT_MAGIC):
-            try:
-                event = decode_event(value)
-            except CodecError as exc:
-                raise InconsistentLog(f"partition {partition} offset {offset} holds a corrupt "
-                                      f"event message: {exc}") from exc
-            self._event(partition, offset, event)
-            return []
-        marker = _marker_headers(headers, self._wholes)
+        marker = _marker_headers(headers, self._wholes, partition)
         if marker is not None:
             return self._marker(partition, offset, *marker)
         chunk = _snapshot_chunk(partition, offset, value, headers, self.encoding)
@@ -256,10 +271,11 @@ class KafkaLog:
             except CodecError as exc:
                 raise InconsistentLog(f"partition {partition} offset {offset} holds a "
                                       f"message that is not a cdc-agent record: {exc}") from exc
-            self._event(partition, offset, RawEvent(
-                change.domain_id, change.batch_id, change.seq, change.table,
-                encode_key(change.row), change.column, encode_value(change.old),
-                encode_value(change.new)))
+            self._event(partition, offset, change.domain_id, change.batch_id, change.seq,
+                        encode_native_event(RawEvent(
+                            change.domain_id, change.batch_id, change.seq, change.table,
+                            encode_key(change.row), change.column, encode_value(change.old),
+                            encode_value(change.new))))
             return []
         raise InconsistentLog(f"partition {partition} offset {offset} holds a message that "
                               f"is not a cdc-agent {self.encoding} record "
@@ -271,33 +287,52 @@ class KafkaLog:
             lane = self._lanes[partition][domain_id] = _Lane()
         return lane
 
-    def _event(self, partition: int, offset: int, event: RawEvent) -> None:
-        domain = event.domain_id
+    def feed_event(self, partition: int, offset: int, value: bytes) -> None:
+        """Take one native event message of ``partition`` (``feed``'s hot path: the
+        consumer calls it directly for values that start with the event magic). Only its
+        head is read here; its names and values are decoded with its epoch's others."""
+        if self._failure is not None:
+            raise self._failure
+        self._next_offset[partition] = offset + 1
+        try:
+            domain, batch_id, seq = native_event_head(value)
+        except CodecError as exc:
+            raise InconsistentLog(f"partition {partition} offset {offset} holds a corrupt "
+                                  f"event message: {exc}") from exc
+        self._event(partition, offset, domain, batch_id, seq, value)
+
+    def _event(self, partition: int, offset: int, domain: int, batch_id: int, seq: int,
+               value: bytes) -> None:
         applied_end = self._applied_end.get(domain)
-        if applied_end is not None and id_lt(event.batch_id, applied_end):
+        # id_lt inlined (batch_id before the end on the id ring): this runs per event
+        if applied_end is not None and 0 < (applied_end - batch_id) % _RING < _HALF_RING:
             self.duplicates += 1  # a copy of an event already applied
             return
         lane = self._lanes[partition].get(domain) or self._lane(partition, domain)
-        if lane.verified_end is not None and id_lt(event.batch_id, lane.verified_end):
+        verified_end = lane.verified_end
+        if verified_end is not None and 0 < (verified_end - batch_id) % _RING < _HALF_RING:
             self.duplicates += 1  # a copy of an event this partition already vouched for
             return
-        known = lane.pending.add(event)
+        known = lane.pending.add(batch_id, seq, value)
         if known is None:
-            self._open[partition].append((offset, domain, event.batch_id, False))
+            self._open[partition].append((offset, domain, batch_id, False))
         else:
-            if known != event:
+            if known != value:
                 raise InconsistentLog(
                     f"partition {partition} holds two different events with identity "
-                    f"(batch {event.batch_id:#x}, seq {event.seq})", domain_id=domain)
+                    f"(batch {batch_id:#x}, seq {seq})", domain_id=domain)
             self.duplicates += 1
             return
 
-    def _marker(self, partition: int, offset: int, part: EpochRecord, whole: EpochRecord,
-                raw_whole: bytes) -> list[Changeset]:
+    def _marker(self, partition: int, offset: int, part: EpochRecord | None,
+                whole: EpochRecord, raw_whole: bytes) -> list[Changeset]:
+        """A partition's marker; ``part`` None: its record is the empty share of
+        ``whole`` for this partition (``_marker_headers`` checked its bytes)."""
         domain, seq = whole.domain_id, whole.epoch_seq
-        if (part.domain_id, part.epoch_seq, part.begin_id, part.end_id, part.quiescent) != (
-                domain, seq, whole.begin_id, whole.end_id, whole.quiescent) \
-                or part.stream != partition:
+        if part is not None and ((part.domain_id, part.epoch_seq, part.begin_id, part.end_id,
+                                  part.quiescent) != (domain, seq, whole.begin_id,
+                                                      whole.end_id, whole.quiescent)
+                                 or part.stream != partition):
             raise InconsistentLog(f"partition {partition} offset {offset}: an epoch marker "
                                   f"for stream {part.stream} does not match its epoch",
                                   domain_id=domain, epoch_seq=seq)
@@ -327,7 +362,14 @@ class KafkaLog:
                 f"partition {partition} skips from epoch {expected - 1} to epoch {seq}: "
                 "epoch markers (and their events) are missing", domain_id=domain,
                 epoch_seq=expected)
-        checked = _check_partition(partition, part, covered)
+        checked: EventBatch | list[RawEvent] = []
+        share: list[bytes] = []  # bulk: checked at drain, with every other share
+        if part is None:
+            _check_empty_share(partition, whole, covered)
+        elif self._defer and covered:
+            share = _check_share_count(partition, part, covered)
+        else:
+            checked = _check_partition(partition, part, _decoded(partition, part, covered))
         lane.next_epoch = seq + 1
         lane.verified_end = whole.end_id
         # Step 3: collect the epoch; feed the assembler once every partition vouched for it.
@@ -336,16 +378,23 @@ class KafkaLog:
             epoch = self._epochs[(domain, seq)] = _Epoch(whole, raw_whole)
             if whole.begin_id == 0:  # the domain's first epoch: where feeding starts
                 self._first.setdefault(domain, (domain, seq))
-        elif epoch.whole != whole:
+        elif epoch.raw_whole != raw_whole and epoch.whole != whole:  # bytes first: cheap
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
         if isinstance(checked, EventBatch):
             epoch.batches.append(checked)
         elif checked:
             epoch.events += checked
-        epoch.counted += part.event_count
+        if share:
+            assert part is not None
+            epoch.shares.append((partition, part, share))
+        if part is not None:
+            epoch.counted += part.event_count
+            self._held += part.event_count
         epoch.vouched.add(partition)
         self._open[partition].append((offset, domain, seq, True))
+        if len(epoch.vouched) < self.partitions:
+            return []  # feeding can only move on when an epoch completes
         return self._feed_complete(domain)
 
     def _snapshot(self, partition: int, offset: int, chunk: SnapshotChunk) -> list[Changeset]:
@@ -360,6 +409,7 @@ class KafkaLog:
         # Open until a changeset after its point is handed out (its differences go there).
         self._open[partition].append((offset, domain, seq + 1, True))
         if (fed is None and before_first) or seq == fed:
+            self._release()
             self._flush_events()
             changesets = self.assembler.feed(chunk, defer=self._defer)
             self._hand_out(changesets)
@@ -376,6 +426,7 @@ class KafkaLog:
             if epoch is None or len(epoch.vouched) < self.partitions:
                 return out
             del self._epochs[key]  # type: ignore[arg-type]
+            self._held -= epoch.counted
             whole = epoch.whole
             if epoch.counted != whole.event_count:
                 raise InconsistentLog(
@@ -383,10 +434,14 @@ class KafkaLog:
                     f"says {whole.event_count}", domain_id=domain, epoch_seq=whole.epoch_seq)
             self._fed[domain] = whole.epoch_seq
             self._wholes.pop(epoch.raw_whole, None)
+            chunks = self._chunks.pop((domain, whole.epoch_seq), ())
+            if self._defer and not chunks:
+                self._queued.append(epoch)  # its shares are checked at drain, in bulk
+                continue
+            self._release()
             for batch in epoch.batches:
                 self.assembler.feed(batch)
             self._ready_events += epoch.events
-            chunks = self._chunks.pop((domain, whole.epoch_seq), ())
             if not self._defer or chunks:
                 self._flush_events()  # the assembler verifies now: it needs the events
             changesets = self.assembler.feed(whole, defer=self._defer)
@@ -401,12 +456,45 @@ class KafkaLog:
         the next call raises its ``InconsistentLog``."""
         if self._failure is not None:
             raise self._failure
+        try:
+            self._release()
+        except InconsistentLog as exc:
+            fault: InconsistentLog | None = exc  # the epochs before it were fed
+        else:
+            fault = None
         self._flush_events()
         changesets = self.assembler.drain()
         self._hand_out(changesets)
-        self._failure = self.assembler._failure  # met after good ones: raised next time
+        # Met after good ones: raised next time. The assembler only holds epochs before
+        # a share's fault, so its own fault comes first.
+        self._failure = self.assembler._failure or fault
         self.assembler._failure = None
         return changesets
+
+    def _release(self) -> None:
+        """Check the shares of the queued epochs (bulk: per-table counts and setsums of
+        every partition's share, in one vectorised pass), then feed the assembler, in
+        order, every epoch before the first that fails; raise that one's fault."""
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        shares = [share for epoch in queued for share in epoch.shares]
+        checked = check_shares(shares)
+        fault_at = len(queued)
+        if checked.fault is not None:
+            bad = shares[checked.fault]
+            fault_at = next(i for i, epoch in enumerate(queued) if any(
+                share is bad for share in epoch.shares))
+        good = sum(len(epoch.shares) for epoch in queued[:fault_at])
+        if checked.batch is not None and good:
+            self.assembler.feed(checked.first(good))
+        for epoch in queued[:fault_at]:
+            for batch in epoch.batches:
+                self.assembler.feed(batch)
+            self._ready_events += epoch.events
+            self.assembler.feed(epoch.whole, defer=True)
+        if checked.error is not None:
+            raise checked.error
 
     def _flush_events(self) -> None:
         """Give the assembler the small shares' events waiting, as one batch."""
@@ -415,14 +503,23 @@ class KafkaLog:
             self.assembler.feed(raw_events_batch(events))
 
     def _hand_out(self, changesets: list[Changeset]) -> None:
-        """Record, for each changeset handed out, where a restart after it begins."""
+        """Record, for each changeset handed out, where a restart after it begins.
+
+        The last of a run gets its exact restart offsets; the others share those of
+        the changeset before the run (earlier offsets: a restart from them re-reads a
+        little and drops what its position token says was applied, it skips nothing),
+        so the offsets are worked out once per run, not once per changeset."""
+        if not changesets:
+            return
+        before = self.commit_offsets() if len(changesets) > 1 else {}
+        last = changesets[-1]
         for changeset in changesets:
             domain = changeset.domain_id
             self._applied_seq[domain] = changeset.epoch_seq
             self._applied_end[domain] = changeset._end_id()
             self._handed[domain] = changeset
-            self.commit_points.append(
-                (changeset, CommitPoint(self.commit_offsets(), dict(self._handed))))
+            offsets = self.commit_offsets() if changeset is last else before
+            self.commit_points.append((changeset, CommitPoint(offsets, dict(self._handed))))
 
     # -- restart points ---------------------------------------------------------------------
 
@@ -459,6 +556,10 @@ class KafkaLog:
         """Epochs some partitions vouched for, waiting for the others."""
         return len(self._epochs)
 
+    def waiting_events(self) -> int:
+        """Events of those epochs that the partitions which vouched hold."""
+        return self._held
+
     def ahead(self) -> list[int]:
         """Partitions that vouched for the oldest waiting epoch of a domain: reading more
         of them only grows what waits; the others hold the cut back."""
@@ -476,18 +577,26 @@ class KafkaLog:
 
 
 def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,
-                    wholes: dict[bytes, EpochRecord]
-                    ) -> tuple[EpochRecord, EpochRecord, bytes] | None:
-    """The marker's partition record, whole record and the whole record's bytes
-    (``wholes``: those already decoded, by their bytes; a new one is added)."""
+                    wholes: dict[bytes, EpochRecord], partition: int
+                    ) -> tuple[EpochRecord | None, EpochRecord, bytes] | None:
+    """The marker's partition record (None: the empty share of the whole record for
+    ``partition``, recognised by its bytes without decoding), whole record and the whole
+    record's bytes (``wholes``: those already decoded, by their bytes; a new one is
+    added)."""
     if not headers:
         return None
-    found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
-    if len(found) != 2:
-        return None
-    raw_whole = bytes(found[HEADER_WHOLE])
+    if (len(headers) == 2 and headers[0][0] == HEADER_PARTITION
+            and headers[1][0] == HEADER_WHOLE):  # as the sink writes them
+        raw_part, raw_whole = headers[0][1], headers[1][1]
+        if raw_part is None or raw_whole is None:
+            return None
+    else:
+        found = {name: raw for name, raw in headers if name in _HEADERS and raw is not None}
+        if len(found) != 2:
+            return None
+        raw_part, raw_whole = found[HEADER_PARTITION], found[HEADER_WHOLE]
+    raw_whole = bytes(raw_whole)
     try:
-        part = decode(found[HEADER_PARTITION])
         whole: object = wholes.get(raw_whole)
         if whole is None:
             whole = decode(raw_whole)
@@ -495,11 +604,37 @@ def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,
                 if len(wholes) >= _MAX_WHOLES:
                     wholes.clear()  # epochs never completed here (copies): start again
                 wholes[raw_whole] = whole
+        part: object = None
+        if not _is_empty_share(raw_part, raw_whole, partition):
+            part = decode(raw_part)
     except CodecError as exc:
         raise InconsistentLog(f"a corrupt epoch marker: {exc}") from exc
-    if not isinstance(part, EpochRecord) or not isinstance(whole, EpochRecord):
+    if not isinstance(whole, EpochRecord) or not (part is None or isinstance(part, EpochRecord)):
         raise InconsistentLog("an epoch marker header holds events, not an epoch record")
     return part, whole, raw_whole
+
+
+# An EPOCH message (sinks.codec): magic, version and kind (5 bytes), domain, epoch, begin
+# and end (8 each); then count u64, flags u8, stream u32, setsum 32 bytes, n_tables u16.
+_EPOCH_IDS_END: Final = 37
+_EPOCH_FLAGS_AT: Final = 45
+_EMPTY_SHARE_SIZE: Final = 84
+_EMPTY_TAILS: dict[tuple[int, int], bytes] = {}
+
+
+def _is_empty_share(raw_part: bytes, raw_whole: bytes, partition: int) -> bool:
+    """Whether ``raw_part`` is exactly the EPOCH message of ``partition``'s empty share of
+    the whole record ``raw_whole`` (same version and ids, count 0, stream set, zero
+    setsum, no table): the usual marker of a small epoch, checked without decoding."""
+    if (len(raw_part) != _EMPTY_SHARE_SIZE or len(raw_whole) <= _EPOCH_FLAGS_AT
+            or raw_part[:_EPOCH_IDS_END] != raw_whole[:_EPOCH_IDS_END]):
+        return False
+    flags = (raw_whole[_EPOCH_FLAGS_AT] & 1) | 2
+    tail = _EMPTY_TAILS.get((flags, partition))
+    if tail is None:
+        tail = _EMPTY_TAILS[(flags, partition)] = (
+            bytes(8) + bytes((flags,)) + partition.to_bytes(4, "big") + bytes(34))
+    return raw_part[_EPOCH_IDS_END:] == tail
 
 
 def _snapshot_chunk(partition: int, offset: int, value: bytes | None,
@@ -564,6 +699,38 @@ def _check_partition(partition: int, part: EpochRecord, events: list[RawEvent]
             f"{actual.hexdigest()}, the marker says {part.setsum or 'zero'} (an event was "
             "altered or lost)", **where)
     return checked
+
+
+def _decoded(partition: int, part: EpochRecord, values: list[bytes]) -> list[RawEvent]:
+    """A share's event messages decoded (their heads were checked when they came)."""
+    try:
+        return [decode_event(value) for value in values]
+    except CodecError as exc:
+        raise InconsistentLog(f"partition {partition} holds a corrupt event message of this "
+                              f"epoch: {exc}", domain_id=part.domain_id,
+                              epoch_seq=part.epoch_seq) from exc
+
+
+def _check_share_count(partition: int, part: EpochRecord, events: list[bytes]
+                       ) -> list[bytes]:
+    """Step 2's count only (bulk: per-table counts and setsums are checked at drain by
+    ``check_shares``, for many shares at once)."""
+    if len(events) != part.event_count:
+        raise InconsistentLog(
+            f"partition {partition} holds {len(events)} events of this epoch before its "
+            f"marker, the marker says {part.event_count}: "
+            + ("events were lost" if len(events) < part.event_count else "foreign events"),
+            domain_id=part.domain_id, epoch_seq=part.epoch_seq)
+    return events
+
+
+def _check_empty_share(partition: int, whole: EpochRecord, events: list[bytes]) -> None:
+    """A partition whose marker says it holds no event of the epoch (step 2)."""
+    if events:
+        raise InconsistentLog(
+            f"partition {partition} holds {len(events)} events of this epoch before its "
+            "marker, the marker says 0: foreign events", domain_id=whole.domain_id,
+            epoch_seq=whole.epoch_seq)
 
 
 def _batch_and_seq(event: RawEvent) -> tuple[int, int]:

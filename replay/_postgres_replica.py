@@ -20,7 +20,9 @@ psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -41,6 +43,7 @@ log = structlog.get_logger()
 Cell = tuple[str, RowKey, str]
 
 POSITION_TABLE: Final = "cdc_agent_position"
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _TYPES: Final[dict[str, type]] = {
     "int2": int, "int4": int, "int8": int, "float8": float, "text": str, "varchar": str,
@@ -73,6 +76,45 @@ class ReplicaError(PostgresError):
     """The replica could not apply a changeset; the message says what the replica holds."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one apply writes: how many changesets are new, the cells they change, the
+    token before and after, and the staging arrays per table."""
+
+    fresh: int
+    cells: int
+    stored: str
+    token: str
+    staged: list[tuple[_Table, list[list[Any]]]]
+
+
+class _TokenMoved(Exception):
+    """Another applier moved the stored token since this replica last knew it."""
+
+
+@contextmanager
+def replica_errors(operation: str, advice: str | Callable[[Exception], str] = ""
+                   ) -> Iterator[None]:
+    """The replica's one error boundary: a psycopg error raised inside becomes
+    ``ReplicaError("PostgreSQL replica: <operation> failed (<error>); <advice>")``,
+    chained (``raise ... from``). ``advice`` says what the replica holds and what to do;
+    a callable gets the psycopg error (whether a commit was lost depends on it)."""
+    psycopg = _require_psycopg()
+    try:
+        yield
+    except psycopg.Error as exc:
+        tail = advice(exc) if callable(advice) else advice
+        raise ReplicaError(f"PostgreSQL replica: {operation} failed ({exc})"
+                           + (f"; {tail}" if tail else "")) from exc
+
+
+def _apply_outcome(exc: Exception) -> str:
+    """What a failed apply left: known only if the server answered."""
+    if getattr(exc, "sqlstate", None) is None:
+        return "the commit may or may not have happened: read .position to know"
+    return "the transaction was rolled back: the replica holds its previous state"
+
+
 def _require_psycopg() -> Any:
     try:
         import psycopg
@@ -93,12 +135,12 @@ class _Table:
     key_type: str
     columns: tuple[str, ...]
     types: tuple[str, ...]
-    copy_types: tuple[str, ...]
     kinds: tuple[type, ...]
     presence_column: str | None
     stage: str
     create_stage: bytes
-    copy: bytes
+    fill_stage: bytes
+    clear_stage: bytes
     merge_update: bytes
     merge_insert: bytes
     scan: bytes
@@ -116,6 +158,10 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     columns = tuple(layout.columns)
     presence = layout.presence_column
     wanted = [layout.key_column, *columns, *([presence] if presence else [])]
+    odd = [c for c in wanted if not _IDENTIFIER.fullmatch(c)]
+    if odd:
+        raise ReplicaError(f"replica table {name!r}: column name(s) {odd} are not plain "
+                           "identifiers (letters, digits and '_')")
     missing = [c for c in wanted if c not in by_name]
     if missing:
         raise ReplicaError(f"replica table {name!r} has no column(s) {missing}")
@@ -143,14 +189,23 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     create_stage = sql.SQL(
         "CREATE TEMP TABLE IF NOT EXISTS {stage} (k {kt} PRIMARY KEY, changed text[] NOT NULL, "
         "present text[] NOT NULL, was_present text[] NOT NULL, {values}) "
-        "ON COMMIT DELETE ROWS"
+        "ON COMMIT PRESERVE ROWS"
     ).format(stage=stage, kt=sql.SQL(key_type), values=sql.SQL(", ").join(
         sql.SQL("{} {}").format(v, sql.SQL(t))
         for v, t in zip(value_names + before_names, types + types, strict=True)))
-    copy = sql.SQL("COPY {stage} (k, changed, present, was_present, {values}) "
-                   "FROM STDIN (FORMAT BINARY)"
-                   ).format(stage=stage,
-                            values=sql.SQL(", ").join(value_names + before_names))
+    # One statement fills the staging table from one array per staging column (binary
+    # parameters; column names travel comma-joined: they are identifiers).
+    array_names = [ident(f"a{i}") for i in range(4 + 2 * len(columns))]
+    fill_stage = sql.SQL(
+        "INSERT INTO {stage} (k, changed, present, was_present, {values}) "
+        "SELECT a0, string_to_array(a1, ','), string_to_array(a2, ','), "
+        "string_to_array(a3, ','), {rest} FROM unnest({arrays}) AS u({names})"
+    ).format(stage=stage, values=sql.SQL(", ").join(value_names + before_names),
+             rest=sql.SQL(", ").join(array_names[4:]),
+             arrays=sql.SQL(", ").join(
+                 sql.SQL("%b::{}[]").format(sql.SQL(t))
+                 for t in (key_type, "text", "text", "text", *types, *types)),
+             names=sql.SQL(", ").join(array_names))
     sets = [
         sql.SQL("{c} = CASE WHEN {lit} = ANY(s.changed) THEN s.{v} ELSE {tc} END").format(
             c=ident(c), lit=sql.Literal(c), v=v, tc=ident("t", c))
@@ -202,11 +257,9 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
         k=ident("t", layout.key_column),
         values=sql.SQL(", ").join(ident("t", c) for c in columns),
         present=sql.SQL(", ").join(present_exprs), t=table)
-    value_types = tuple(by_name[c][2] for c in columns)
-    copy_types = (by_name[layout.key_column][2], "text[]", "text[]", "text[]",
-                  *value_types, *value_types)
-    return _Table(name, layout.key_column, key_type, columns, types, copy_types, kinds, presence,
-                  stage_name, create_stage.as_bytes(None), copy.as_bytes(None),
+    return _Table(name, layout.key_column, key_type, columns, types, kinds, presence,
+                  stage_name, create_stage.as_bytes(None), fill_stage.as_bytes(None),
+                  sql.SQL("DELETE FROM {}").format(stage).as_bytes(None),
                   merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
                   check_before.as_bytes(None))
 
@@ -232,21 +285,20 @@ class PostgresReplica:
         self.consumer = consumer
         self._verify_before = verify_before
         self._fault = fault
-        try:
+        with replica_errors("connecting to the replica database",
+                            "check the DSN and that the server runs"):
             self._conn: psycopg.Connection[Any] = self._psycopg.connect(
                 dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
-        except self._psycopg.Error as exc:
-            raise ReplicaError(f"cannot connect to the replica database: {exc}") from exc
         try:
-            self._tables = {
-                name: _build_table(i, name, layout,
-                                   self._conn.execute(_CATALOG_SQL, (name,)).fetchall())
-                for i, (name, layout) in enumerate(tables.items())
-            }
-            self._setup()
-        except self._psycopg.Error as exc:
-            self._conn.close()
-            raise ReplicaError(f"cannot prepare the replica database: {exc}") from exc
+            with replica_errors("preparing the replica database (reading the tables' "
+                                "layout, creating the position and staging tables)",
+                                "nothing was applied"):
+                self._tables = {
+                    name: _build_table(i, name, layout,
+                                       self._conn.execute(_CATALOG_SQL, (name,)).fetchall())
+                    for i, (name, layout) in enumerate(tables.items())
+                }
+                self._setup()
         except Exception:
             self._conn.close()
             raise
@@ -259,6 +311,11 @@ class PostgresReplica:
             "SELECT token FROM {} WHERE consumer = %s FOR UPDATE").format(positions).as_bytes(None)
         self._set_position = sql.SQL(
             "UPDATE {} SET token = %s WHERE consumer = %s").format(positions).as_bytes(None)
+        # The fast path's lock and check in one: moves the token only from the one the
+        # changesets were sorted against (another applier moved it: nothing matches).
+        self._move_position = sql.SQL(
+            "UPDATE {} SET token = %s WHERE consumer = %s AND token = %s RETURNING 1"
+        ).format(positions).as_bytes(None)
         conn = self._conn
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (consumer text PRIMARY KEY, token text NOT NULL)"
@@ -268,6 +325,9 @@ class PostgresReplica:
         ).format(sql.Identifier(POSITION_TABLE)), (self.consumer,))
         for table in self._tables.values():
             conn.execute(table.create_stage)
+        row = conn.execute(sql.SQL("SELECT token FROM {} WHERE consumer = %s").format(
+            positions), (self.consumer,)).fetchone()
+        self._token = row[0] if row is not None else None
 
     # -- reading -------------------------------------------------------------------------
 
@@ -276,12 +336,10 @@ class PostgresReplica:
         """The stored position (None: nothing applied yet). Resume the consumer from it."""
         from psycopg import sql
 
-        try:
+        with replica_errors("reading the replica's position"):
             row = self._conn.execute(sql.SQL(
                 "SELECT token FROM {} WHERE consumer = %s").format(
                     sql.Identifier(POSITION_TABLE)), (self.consumer,)).fetchone()
-        except self._psycopg.Error as exc:
-            raise ReplicaError(f"cannot read the replica's position: {exc}") from exc
         return self._parse(row[0] if row else "")
 
     def _parse(self, token: str) -> Frontier | None:
@@ -298,18 +356,15 @@ class PostgresReplica:
         """Every present cell of the replica's tables, read in one transaction."""
         cells: dict[Cell, Value] = {}
         conn = self._conn
-        try:
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                for table in self._tables.values():
-                    width = len(table.columns)
-                    for record in conn.cursor(binary=True).execute(table.scan):
-                        row = record[0]
-                        for i, column in enumerate(table.columns):
-                            if record[1 + width + i]:
-                                cells[(table.name, row, column)] = record[1 + i]
-        except self._psycopg.Error as exc:
-            raise ReplicaError(f"cannot read the replica: {exc}") from exc
+        with replica_errors("reading the replica's tables"), conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            for table in self._tables.values():
+                width = len(table.columns)
+                for record in conn.cursor(binary=True).execute(table.scan):
+                    row = record[0]
+                    for i, column in enumerate(table.columns):
+                        if record[1 + width + i]:
+                            cells[(table.name, row, column)] = record[1 + i]
         return cells
 
     # -- applying ------------------------------------------------------------------------
@@ -324,89 +379,138 @@ class PostgresReplica:
         The tables move from one quiescent state straight to the last one (cells changed
         by several changesets are written once, with their final value).
 
-        Step 1. Begin; lock this consumer's position row and read the stored token.
+        Step 1. Know the stored token: the one this replica last read or wrote (fast
+                path), else begin, lock this consumer's position row and read it.
         Step 2. Drop the changesets the position already covers (each a no-op); merge
                 the rest into one set of cell changes and the position after the last.
-        Step 3. Per table: binary COPY the changed rows into the staging table.
+        Step 3. Per table: stage the changed rows (one INSERT from arrays).
         Step 4. Per table: check that the rows hold what the changesets replace (their
                 ``before`` values; unless ``verify_before=False``), then UPDATE the rows
                 that exist and INSERT the ones that do not.
-        Step 5. Write the new position token (steps 4 and 5 share one round trip).
+        Step 5. Write the new position token. On the fast path this comes first, as
+                ``UPDATE ... WHERE token = <the token of step 1>``: it locks the row, and
+                if another applier moved the token meanwhile nothing matches, the
+                transaction rolls back and the changesets go the locked way.
         Step 6. Commit: the changes and the position become visible together, or not at
                 all (a crash before this step leaves the previous state and position).
+
+        The fast path sends steps 3 to 5 and BEGIN in one round trip (pipeline mode),
+        then COMMIT.
         """
-        psycopg = self._psycopg
-        conn = self._conn
         changesets = list(changesets)
-        fresh = 0
         try:
-            with conn.transaction():
+            with replica_errors(f"applying {len(changesets)} changeset(s)", _apply_outcome):
+                if self._token is not None:
+                    fresh = self._apply(changesets, self._token)
+                    if fresh is not None:
+                        return fresh
+                fresh = self._apply(changesets, None)
+                assert fresh is not None
+                return fresh
+        except BaseException:
+            self._token = None  # not known any more: the next apply reads it under lock
+            raise
+
+    def _apply(self, changesets: list[Changeset], token: str | None) -> int | None:
+        """Apply with the stored ``token`` known (None: read it under lock). None: the
+        token was not ``token`` any more (nothing applied)."""
+        conn = self._conn
+        if token is not None:
+            # Step 1: known. Step 2 before anything is sent (nothing new: no round trip).
+            plan = self._plan(changesets, token)
+            if plan is None:
+                return 0
+            try:
+                with conn.pipeline(), conn.transaction():
+                    self._write(plan, token)
+            except _TokenMoved:
+                return None
+        else:
+            with conn.pipeline(), conn.transaction():
                 # Step 1.
                 row = conn.execute(self._lock_position, (self.consumer,)).fetchone()
                 if row is None:
                     raise ReplicaError(
                         f"the position row of consumer {self.consumer!r} vanished from "
                         f"{POSITION_TABLE}; nothing was applied")
-                frontier = self._parse(row[0]) or Frontier({})
-                # Step 2.
-                merged: dict[Cell, Value | Absent] = {}
-                before: dict[Cell, Value | Absent] = {}
-                for changeset in changesets:
-                    stored = frontier.get(changeset.domain_id)
-                    if stored is not None and stored.epoch_seq >= changeset.epoch_seq:
-                        continue
-                    merged.update(changeset.changes)
-                    if self._verify_before:
-                        for cell, value in changeset.before.items():
-                            before.setdefault(cell, value)  # the earliest one counts
-                    frontier = frontier.advanced(changeset.position)
-                    fresh += 1
-                if not fresh:
+                plan = self._plan(changesets, row[0])
+                if plan is None:
+                    self._token = row[0]
                     return 0
-                self._step("read")
-                # Step 3.
-                staged = self._stage(merged, before)
-                self._step("staged")
-                # Steps 4 and 5 go in one round trip (pipeline mode).
-                checks = []
-                with conn.pipeline():
-                    # Step 4.
-                    for table in staged:
-                        if self._verify_before:
-                            checks.append((table, conn.execute(table.check_before)))
-                        conn.execute(table.merge_update)
-                        conn.execute(table.merge_insert)
-                    self._step("merged")
-                    # Step 5.
-                    conn.execute(self._set_position, (str(frontier), self.consumer))
-                    self._step("position")
-                for table, check in checks:
-                    found = check.fetchone()
-                    if found is not None:
-                        raise ReplicaError(
-                            f"row {found[0]!r} of replica table {table.name!r} does not hold "
-                            "what the changesets replace: the replica is not at the state "
-                            "they start from (the consumer resumed from another position, or "
-                            "something else wrote to the replica); nothing was applied, the "
-                            f"replica stays at {self._parse(row[0])}")
-            # Step 6 happened when the transaction block closed.
-            self._step("committed")
-            log.debug("cdc.replica_applied", consumer=self.consumer, changesets=fresh,
-                      cells=len(merged), position=str(frontier))
-        except psycopg.Error as exc:
-            outcome = ("the commit may or may not have happened: read .position to know"
-                       if getattr(exc, "sqlstate", None) is None else
-                       "the transaction was rolled back: the replica holds its previous state")
-            raise ReplicaError(f"applying {fresh or len(changesets)} changeset(s) "
-                               f"failed ({exc}); {outcome}") from exc
-        return fresh
+                self._write(plan, None)
+        # Step 6 happened when the transaction block closed.
+        self._token = plan.token
+        self._step("committed")
+        log.debug("cdc.replica_applied", consumer=self.consumer, changesets=plan.fresh,
+                  cells=plan.cells, position=plan.token)
+        return plan.fresh
+
+    def _plan(self, changesets: list[Changeset], stored: str) -> _Plan | None:
+        """Step 2 (and the checks of step 3's values): None if nothing is new."""
+        frontier = self._parse(stored) or Frontier({})
+        merged: dict[Cell, Value | Absent] = {}
+        before: dict[Cell, Value | Absent] = {}
+        fresh = 0
+        for changeset in changesets:
+            held = frontier.get(changeset.domain_id)
+            if held is not None and held.epoch_seq >= changeset.epoch_seq:
+                continue
+            merged.update(changeset.changes)
+            if self._verify_before:
+                for cell, value in changeset.before.items():
+                    before.setdefault(cell, value)  # the earliest one counts
+            frontier = frontier.advanced(changeset.position)
+            fresh += 1
+        if not fresh:
+            return None
+        return _Plan(fresh, len(merged), stored, str(frontier), self._stage(merged, before))
+
+    def _write(self, plan: _Plan, token: str | None) -> None:
+        """Steps 3 to 5 inside the open transaction (pipeline mode: one round trip)."""
+        conn = self._conn
+        self._step("read")
+        moved = None
+        if token is not None:  # Step 5 first: lock the row, check the token
+            moved = conn.execute(self._move_position, (plan.token, self.consumer, token))
+        # Step 3.
+        for table, arrays in plan.staged:
+            conn.execute(table.fill_stage, arrays)
+        self._step("staged")
+        # Step 4.
+        checks = []
+        for table, _arrays in plan.staged:
+            if self._verify_before:
+                checks.append((table, conn.execute(table.check_before)))
+            conn.execute(table.merge_update)
+            conn.execute(table.merge_insert)
+            # Emptied in the same transaction (a rollback empties it too): cheaper than
+            # ON COMMIT DELETE ROWS, which truncates the table's files at every commit.
+            conn.execute(table.clear_stage)
+        self._step("merged")
+        if moved is None:  # Step 5 (the locked way).
+            conn.execute(self._set_position, (plan.token, self.consumer))
+        elif moved.fetchone() is None:
+            raise _TokenMoved
+        self._step("position")
+        for table, check in checks:
+            found = check.fetchone()
+            if found is not None:
+                raise ReplicaError(
+                    f"row {found[0]!r} of replica table {table.name!r} does not hold "
+                    "what the changesets replace: the replica is not at the state "
+                    "they start from (the consumer resumed from another position, or "
+                    "something else wrote to the replica); nothing was applied, the "
+                    f"replica stays at {self._parse(plan.stored)}")
 
     def _step(self, name: str) -> None:
         if self._fault is not None:
             self._fault(name)
 
     def _stage(self, merged: Mapping[Cell, Value | Absent],
-               before: Mapping[Cell, Value | Absent]) -> list[_Table]:
+               before: Mapping[Cell, Value | Absent]
+               ) -> list[tuple[_Table, list[list[Any]]]]:
+        """Per table written, the staging arrays (key, changed, present, was_present,
+        new values, before values), every value checked against its column first."""
         by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
         for (table_name, row, column), value in merged.items():
             by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
@@ -417,29 +521,35 @@ class PostgresReplica:
                 raise ReplicaError(f"a changeset writes table {name!r}, which this replica "
                                    f"does not hold ({sorted(self._tables)}); nothing applied")
             index = {c: i for i, c in enumerate(table.columns)}
-            with self._conn.cursor().copy(table.copy) as copy:
-                copy.set_types(list(table.copy_types))
-                width = len(table.columns)
-                for row, cells in rows.items():
-                    values: list[object] = [None] * (2 * width)  # new values, then before
-                    present, was_present = [], []
-                    for column, value in cells.items():
-                        i = index.get(column)
-                        if i is None:
-                            raise ReplicaError(
-                                f"a changeset writes column {name}.{column}, which this "
-                                "replica does not hold; nothing applied")
-                        if value is not ABSENT:
-                            _check(table, i, value)  # type: ignore[arg-type]
-                            values[i] = value
-                            present.append(column)
-                        old = before.get((name, row, column), ABSENT)
-                        if old is not ABSENT:
-                            _check(table, i, old)  # type: ignore[arg-type]
-                            values[width + i] = old
-                            was_present.append(column)
-                    copy.write_row([row, list(cells), present, was_present, *values])
-            staged.append(table)
+            width = len(table.columns)
+            arrays: list[list[Any]] = [[] for _ in range(4 + 2 * width)]
+            keys, changed_at, present_at, was_at = arrays[:4]
+            values = arrays[4:]
+            for row, cells in rows.items():
+                new: list[Any] = [None] * (2 * width)  # new values, then before
+                present, was_present = [], []
+                for column, value in cells.items():
+                    i = index.get(column)
+                    if i is None:
+                        raise ReplicaError(
+                            f"a changeset writes column {name}.{column}, which this "
+                            "replica does not hold; nothing applied")
+                    if value is not ABSENT:
+                        _check(table, i, value)  # type: ignore[arg-type]
+                        new[i] = value
+                        present.append(column)
+                    old = before.get((name, row, column), ABSENT)
+                    if old is not ABSENT:
+                        _check(table, i, old)  # type: ignore[arg-type]
+                        new[width + i] = old
+                        was_present.append(column)
+                keys.append(row)
+                changed_at.append(",".join(cells))
+                present_at.append(",".join(present))
+                was_at.append(",".join(was_present))
+                for column_values, value in zip(values, new, strict=True):
+                    column_values.append(value)
+            staged.append((table, arrays))
         return staged
 
     def close(self) -> None:

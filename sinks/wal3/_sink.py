@@ -129,10 +129,11 @@ def open_log_sink(uri: str, *, endpoint_url: str | None = None, **kwargs: Any) -
 
 def read_log(
     store_or_uri: ObjectStore | str, cursor: str | None = None, *, prefix: str = "",
-    endpoint_url: str | None = None, from_offset: int | None = None,
-) -> Iterator[EventBatch | EpochRecord | SnapshotChunk | StateDelta]:
+    endpoint_url: str | None = None, from_offset: int | None = None, runs: bool = False,
+) -> Iterator[EventBatch | EpochRecord | EpochRun | SnapshotChunk | StateDelta]:
     """Decode the log's records in order, up to its end as of the call (a run of
-    epoch records comes out as its ``EpochRecord``s, one by one).
+    epoch records comes out as its ``EpochRecord``s, one by one; with ``runs``, as
+    the ``EpochRun`` itself, which ``Assembler`` verifies without a step per record).
 
     On a log collected below a checkpoint (``sinks.wal3._state``), reading from the
     start, or from an offset that was collected, first yields the checkpoint and the
@@ -180,6 +181,9 @@ def read_log(
     for fragment in reader.scan(begin, manifest=manifest):
         for record in reader.fetch(fragment):
             if record.offset >= begin:
-                yield from records(decode(record.body))
+                if runs:
+                    yield decode(record.body)
+                else:
+                    yield from records(decode(record.body))
         if cursors is not None and cursor is not None and witness is not None:
             witness = cursors.save(cursor, fragment.limit, witness)

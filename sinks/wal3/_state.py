@@ -13,12 +13,29 @@ Objects (immutable, content-addressed by the SHA-256 of their bytes, If-None-Mat
 
     state/CHECKPOINT.<sha256 hex>    state/STRIPE.<sha256 hex>    state/INDEX.<sha256 hex>
 
-``CHECKPOINT``/``STRIPE`` layout, version 1::
+``CHECKPOINT``/``STRIPE`` layout, versions 1 and 2::
 
-    b"CDCSTATE" | version u8 (1) | kind u8 (1 checkpoint, 2 stripe) |
+    b"CDCSTATE" | version u8 (1 or 2) | kind u8 (1 checkpoint, 2 stripe) |
     header_len u32 (BE) | header (compact JSON, sorted keys) |
-    cells: Arrow IPC stream of STATE_CELL_SCHEMA (header "cells_bytes" long) |
+    cells: Arrow IPC stream of STATE_CELL_SCHEMA, version 2: STATE_CELL_SCHEMA_V2
+           (header "cells_bytes" long) |
     carried: Arrow IPC stream of CARRIED_SCHEMA (the rest)
+
+Version 2 (written only when one of its additions is needed, so an object version 1
+can express is written, byte for byte, as before; this reader reads both):
+
+- each cell row names the ``domain`` whose changesets changed it: a stripe's rows are
+  per domain, in the order the domains' changesets go out (header ``order``: ``[[domain,
+  events], ...]``); a cell several domains changed one after the other has one row per
+  domain (the values it took in between), so replaying the rows in order chains;
+- rows of ``role`` 1 are the *carry*: baseline chunk changes applied to the state but
+  not yet handed out in a changeset at ``hi`` (value: the state's; before: what the
+  changesets last showed). A stripe's role-0 rows then move the *changeset view* (the
+  state with carried cells at their ``before``), which the state follows;
+- header ``baseline``: the bookkeeping of a baseline a fresh consumer is still
+  applying at ``hi`` (``replay._resume`` writes and reads it);
+- header ``domain_order``: the order a reader of the log met its domains (the order
+  it hands out their changesets in), when that is not ascending.
 
 The header holds ``lo`` and ``hi`` (the retained points it goes from and to; a
 checkpoint's ``lo`` is the log's first offset), ``before`` and ``after`` (frontier
@@ -81,7 +98,8 @@ __all__ = [
     "state_setsum",
 ]
 
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2  # objects; the index stays version 1
+INDEX_VERSION: Final = 1
 _MAGIC: Final = b"CDCSTATE"
 _KINDS: Final = {"checkpoint": 1, "stripe": 2}
 _HEAD: Final = struct.Struct(">BBI")
@@ -94,6 +112,11 @@ STATE_CELL_SCHEMA: Final = pa.schema([
     pa.field("column", pa.utf8(), nullable=False),
     pa.field("value", pa.binary(), nullable=False),   # tagged value, b"": ABSENT
     pa.field("before", pa.binary(), nullable=False),  # stripes: the value replaced
+])
+STATE_CELL_SCHEMA_V2: Final = pa.schema([
+    *STATE_CELL_SCHEMA,
+    pa.field("domain", pa.uint64(), nullable=False),  # the domain whose changesets moved it
+    pa.field("role", pa.uint8(), nullable=False),  # 0: a cell row, 1: carry
 ])
 CARRIED_SCHEMA: Final = pa.schema([pa.field("message", pa.binary(), nullable=False)])
 
@@ -120,6 +143,7 @@ def join_key(table: str, row: bytes, column: str) -> bytes:
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 
 
 def cell_item(key: bytes, value: bytes) -> bytes:
@@ -165,17 +189,34 @@ class StateDelta:
     replaced_events: int
     replaced_setsum: str
     cells_setsum: str = ""
+    # Version 2 (see the module docstring); empty: version 1.
+    domains: tuple[int, ...] = ()  # per row: the domain whose changesets moved the cell
+    order: tuple[tuple[int, int], ...] = ()  # (domain, events) in changeset order
+    carry: tuple[tuple[bytes, bytes, bytes], ...] = ()  # (cell, state value, before)
+    baseline: str = ""  # compact JSON (replay._resume)
+    domain_order: tuple[int, ...] = ()  # the order a reader met the domains, if not sorted
 
     def __post_init__(self) -> None:
         if not self.cells_setsum:
             object.__setattr__(self, "cells_setsum", self.compute_cells_setsum().hexdigest())
 
+    @property
+    def version(self) -> int:
+        return 2 if (self.domains or self.order or self.carry or self.baseline
+                     or self.domain_order) else 1
+
     def compute_cells_setsum(self) -> Setsum:
-        return Setsum.of(cell_item(k, v) + b"\x00" + b
-                         for k, v, b in zip(self.keys, self.values, self.befores, strict=True))
+        if self.version == 1:
+            return Setsum.of(cell_item(k, v) + b"\x00" + b for k, v, b in
+                             zip(self.keys, self.values, self.befores, strict=True))
+        domains = self.domains or (0,) * len(self.keys)
+        rows = Setsum.of(cell_item(k, v) + b"\x00" + b + b"\x00" + _U64.pack(d) for k, v, b, d
+                         in zip(self.keys, self.values, self.befores, domains, strict=True))
+        return rows + Setsum.of(b"CARRY" + cell_item(k, v) + b"\x00" + b
+                                for k, v, b in self.carry)
 
     def header(self) -> dict[str, Any]:
-        return {
+        head: dict[str, Any] = {
             "kind": self.kind, "lo": self.lo, "hi": self.hi, "before": self.before,
             "after": self.after, "trusted": self.trusted, "cells": len(self.keys),
             "cells_setsum": self.cells_setsum, "state_setsum": self.state_setsum,
@@ -183,6 +224,19 @@ class StateDelta:
             "replaced": {"records": self.replaced_records, "events": self.replaced_events,
                          "setsum": self.replaced_setsum},
         }
+        if self.version == 2:
+            head["order"] = [[d, n] for d, n in self.order]
+            head["carry_cells"] = len(self.carry)
+            head["baseline"] = self.baseline
+            head["domain_order"] = list(self.domain_order)
+        return head
+
+    def rows_of(self, domain_id: int | None) -> list[int]:
+        """The indexes of the rows on ``domain_id``'s changeset (version 1: every row
+        goes with the last domain, ``None``)."""
+        if not self.domains:
+            return list(range(len(self.keys))) if domain_id is None else []
+        return [i for i, d in enumerate(self.domains) if d == domain_id]
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -194,16 +248,27 @@ def _ipc(table: pa.Table) -> bytes:
 
 def encode_state(delta: StateDelta) -> bytes:
     """The object bytes of a checkpoint or stripe (deterministic: same delta, same bytes)."""
-    parts = [split_key(k) for k in delta.keys]
-    cells = pa.table([
+    version = delta.version
+    keys, values, befores = list(delta.keys), list(delta.values), list(delta.befores)
+    if version == 2:
+        keys += [k for k, _v, _b in delta.carry]
+        values += [v for _k, v, _b in delta.carry]
+        befores += [b for _k, _v, b in delta.carry]
+    parts = [split_key(k) for k in keys]
+    columns = [
         pa.array([p[0] for p in parts], pa.utf8()), pa.array([p[1] for p in parts], pa.binary()),
-        pa.array([p[2] for p in parts], pa.utf8()), pa.array(delta.values, pa.binary()),
-        pa.array(delta.befores, pa.binary())], schema=STATE_CELL_SCHEMA)
-    cells_bytes = _ipc(cells)
+        pa.array([p[2] for p in parts], pa.utf8()), pa.array(values, pa.binary()),
+        pa.array(befores, pa.binary())]
+    if version == 2:
+        domains = list(delta.domains or (0,) * len(delta.keys)) + [0] * len(delta.carry)
+        roles = [0] * len(delta.keys) + [1] * len(delta.carry)
+        columns += [pa.array(domains, pa.uint64()), pa.array(roles, pa.uint8())]
+    schema = STATE_CELL_SCHEMA_V2 if version == 2 else STATE_CELL_SCHEMA
+    cells_bytes = _ipc(pa.table(columns, schema=schema))
     carried = _ipc(pa.table([pa.array(delta.carried, pa.binary())], schema=CARRIED_SCHEMA))
     header = dict(delta.header(), cells_bytes=len(cells_bytes))
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    return b"".join((_MAGIC, _HEAD.pack(STATE_VERSION, _KINDS[delta.kind], len(head)), head,
+    return b"".join((_MAGIC, _HEAD.pack(version, _KINDS[delta.kind], len(head)), head,
                      cells_bytes, carried))
 
 
@@ -214,8 +279,9 @@ def decode_state(data: bytes, what: str = "state object") -> StateDelta:
         if data[:8] != _MAGIC:
             raise ValueError(f"does not start with {_MAGIC!r}")
         version, kind_code, head_len = _HEAD.unpack_from(data, 8)
-        if version != STATE_VERSION:
-            raise ValueError(f"format version {version}; this reader knows {STATE_VERSION}")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"format version {version}; this reader knows 1 to "
+                             f"{STATE_VERSION}")
         kind = {v: k for k, v in _KINDS.items()}.get(kind_code)
         if kind is None:
             raise ValueError(f"unknown kind {kind_code}")
@@ -225,8 +291,8 @@ def decode_state(data: bytes, what: str = "state object") -> StateDelta:
         split = pos + _int(header["cells_bytes"])
         cells = pa.ipc.open_stream(pa.py_buffer(data[pos:split])).read_all()
         carried = pa.ipc.open_stream(pa.py_buffer(data[split:])).read_all()
-        if not cells.schema.equals(STATE_CELL_SCHEMA) or not carried.schema.equals(
-                CARRIED_SCHEMA):
+        schema = STATE_CELL_SCHEMA_V2 if version == 2 else STATE_CELL_SCHEMA
+        if not cells.schema.equals(schema) or not carried.schema.equals(CARRIED_SCHEMA):
             raise ValueError("unexpected Arrow schema")
         cells.validate(full=True)
         for i in range(cells.num_columns):
@@ -239,21 +305,44 @@ def decode_state(data: bytes, what: str = "state object") -> StateDelta:
             decode_key(row)
         keys = tuple(join_key(t, r, c) for t, r, c in zip(tables, rows, columns, strict=True))
         replaced = header["replaced"]
+        extra: dict[str, Any] = {}
+        n = len(keys)
+        if version == 2:
+            domains, roles = cells.column(5).to_pylist(), cells.column(6).to_pylist()
+            n = roles.index(1) if 1 in roles else len(roles)
+            if any(r != 0 for r in roles[:n]) or any(r != 1 for r in roles[n:]):
+                raise ValueError("cell rows must come before carry rows")
+            order = tuple((_int(d), _int(e)) for d, e in header["order"])
+            listed = {d for d, _e in order}
+            if len(listed) != len(order) or any(d not in listed for d in domains[:n]
+                                                if kind == "stripe"):
+                raise ValueError("a row's domain is not in the header's order")
+            extra = {"domains": tuple(domains[:n]) if kind == "stripe" else (),
+                     "order": order, "baseline": _text(header["baseline"]),
+                     "domain_order": tuple(_int(d) for d in header["domain_order"]),
+                     "carry": tuple(zip(keys[n:], values[n:], befores[n:], strict=True))}
+            if _int(header["carry_cells"]) != len(keys) - n:
+                raise ValueError("carry_cells does not match the carry rows")
         delta = StateDelta(
             kind=kind, lo=_int(header["lo"]), hi=_int(header["hi"]),
             before=_text(header["before"]), after=_text(header["after"]),
-            trusted=bool(header["trusted"]), keys=keys, values=tuple(values),
-            befores=tuple(befores), carried=tuple(carried.column(0).to_pylist()),
-            state_setsum=_text(header["state_setsum"]),
+            trusted=bool(header["trusted"]), keys=keys[:n], values=tuple(values[:n]),
+            befores=tuple(befores[:n]), carried=tuple(carried.column(0).to_pylist()),
+            state_setsum=_hexsum(header["state_setsum"]),
             replaced_records=_int(replaced["records"]), replaced_events=_int(replaced["events"]),
-            replaced_setsum=_text(replaced["setsum"]), cells_setsum=_text(header["cells_setsum"]))
+            replaced_setsum=_hexsum(replaced["setsum"]), cells_setsum=_text(header["cells_setsum"]),
+            **extra)
+        if delta.version != version:
+            raise ValueError(f"a version-{version} object holding nothing of version "
+                             f"{delta.version}")
     except CorruptState:
         raise
     except (ValueError, KeyError, TypeError, IndexError, struct.error, RecursionError,
             pa.ArrowException, OSError) as exc:
         raise CorruptState(f"{what} does not decode: {type(exc).__name__}: {exc}"[:300]) from None
-    if _int(header["cells"]) != len(keys):
-        raise CorruptState(f"{what} holds {len(keys)} cells, its header says {header['cells']}")
+    if _int(header["cells"]) != len(delta.keys):
+        raise CorruptState(f"{what} holds {len(delta.keys)} cells, its header says "
+                           f"{header['cells']}")
     actual = delta.compute_cells_setsum().hexdigest()
     if actual != delta.cells_setsum:
         raise CorruptState(f"{what}: its cells sum to {actual}, its header says "
@@ -271,6 +360,13 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def _hexsum(value: Any) -> str:
+    """A setsum's hexdigest, checked when read (not first when summed or written back)."""
+    text = _text(value)
+    Setsum.from_hexdigest(text)  # raises ValueError naming what is wrong
+    return text
 
 
 # -- the index --------------------------------------------------------------------------
@@ -303,8 +399,8 @@ class StateEntry:
         replaced = obj["replaced"]
         return cls(_text(obj["kind"]), _text(obj["path"]), _text(obj["sha256"]),
                    _int(obj["num_bytes"]), _int(obj["lo"]), _int(obj["hi"]), _int(obj["cells"]),
-                   _text(obj["state_setsum"]), _int(replaced["records"]),
-                   _int(replaced["events"]), _text(replaced["setsum"]))
+                   _hexsum(obj["state_setsum"]), _int(replaced["records"]),
+                   _int(replaced["events"]), _hexsum(replaced["setsum"]))
 
 
 @dataclass(frozen=True)
@@ -332,7 +428,7 @@ class StateIndex:
         return total
 
     def to_bytes(self) -> bytes:
-        obj = {"version": STATE_VERSION, "entries": [e.to_obj() for e in self.entries],
+        obj = {"version": INDEX_VERSION, "entries": [e.to_obj() for e in self.entries],
                "points": self.points, "limit": self.limit,
                "replaced_setsum": self.replaced_setsum.hexdigest(),
                "superseded": list(self.superseded)}
@@ -342,9 +438,9 @@ class StateIndex:
     def from_bytes(cls, data: bytes, path: str) -> StateIndex:
         try:
             obj: Any = json.loads(data)
-            if obj["version"] != STATE_VERSION:
+            if obj["version"] != INDEX_VERSION:
                 raise ValueError(f"index version {obj['version']!r}; this reader knows "
-                                 f"{STATE_VERSION}")
+                                 f"{INDEX_VERSION}")
             index = cls(tuple(StateEntry.from_obj(e) for e in obj["entries"]), path,
                         tuple(_text(p) for p in obj["superseded"]))
             if not index.entries:
@@ -431,19 +527,62 @@ def load_state(log: LogStore, entry: StateEntry) -> StateDelta:
     return delta
 
 
+def state_moves(delta: StateDelta, carry_before: dict[bytes, tuple[bytes, bytes]]
+                ) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """How ``delta`` moves the *state* (not the changeset view): the cells it changes,
+    their values before and after, given the carry (cell -> (state value, before)) at
+    its ``lo``. Raises ``ValueError`` if its rows do not start from that view."""
+    if delta.kind == "checkpoint" or not (delta.carry or carry_before or delta.domains):
+        return list(delta.keys), list(delta.befores), list(delta.values)
+    first: dict[bytes, bytes] = {}
+    last: dict[bytes, bytes] = {}
+    for key, value, before in zip(delta.keys, delta.values, delta.befores, strict=True):
+        first.setdefault(key, before)
+        last[key] = value
+    carry_after = {k: (v, b) for k, v, b in delta.carry}
+    keys, befores, values = [], [], []
+    for key in sorted(first.keys() | carry_before.keys() | carry_after.keys()):
+        if key in carry_before:
+            state, view = carry_before[key]
+            if key in first and first[key] != view:
+                raise ValueError("a row does not start from the value the changesets showed")
+        elif key in first:
+            state = view = first[key]
+        else:
+            state = view = carry_after[key][1]
+        view = last.get(key, view)
+        after = carry_after[key][0] if key in carry_after else view
+        if after != state:
+            keys.append(key)
+            befores.append(state)
+            values.append(after)
+    return keys, befores, values
+
+
 def iter_state_deltas(log: LogStore, index: StateIndex) -> Iterator[StateDelta]:
     """The index's checkpoint and stripes, each checked, with the state setsum carried
     along the chain (a stripe must move the previous state's setsum to its own)."""
-    current: Setsum | None = None
-    for entry in index.entries:
-        delta = load_state(log, entry)
+    yield from check_chain((load_state(log, e) for e in index.entries),
+                           [log.key(e.path) for e in index.entries])
+
+
+def check_chain(deltas: Iterable[StateDelta], names: Sequence[str]) -> Iterator[StateDelta]:
+    """Each delta once its state setsum follows from the previous one's (``CorruptState``
+    naming it otherwise)."""
+    current = Setsum()
+    carry: dict[bytes, tuple[bytes, bytes]] = {}
+    for delta, name in zip(deltas, names, strict=False):
         start = Setsum() if delta.kind == "checkpoint" else current
-        assert start is not None
-        moved = moved_setsum(start, delta.keys, delta.befores, delta.values)
+        try:
+            keys, befores, values = state_moves(delta, carry)
+        except ValueError as exc:
+            raise CorruptState(f"{name}: {exc}") from None
+        moved = moved_setsum(start, keys, befores, values)
         if moved.hexdigest() != delta.state_setsum:
-            raise CorruptState(f"{log.key(entry.path)}: the state it leads to sums to "
+            raise CorruptState(f"{name}: the state it leads to sums to "
                                f"{moved.hexdigest()}, it says {delta.state_setsum}")
         current = moved
+        carry = {k: (v, b) for k, v, b in delta.carry}
         yield delta
 
 

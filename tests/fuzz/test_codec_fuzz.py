@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -210,6 +211,34 @@ def test_damaged_native_kafka_events_decode_or_raise_codec_error(message: bytes)
     except CodecError:
         return  # the frame holds, a tagged value inside it does not
     assert encode_value(event.new) == raw.new
+
+
+@FUZZ
+@given(st.lists(damaged(NATIVE) | st.sampled_from(NATIVE), min_size=1, max_size=6))
+def test_native_events_decoded_at_once_as_one_at_a_time(messages: list[bytes]) -> None:
+    """``native_events_batch`` (the consumer's bulk decode) equals decoding each message
+    alone, or raises the CodecError of the first that does not decode; the head read at
+    intake (``native_event_head``) refuses exactly the frames the full decode refuses,
+    except for names that are not UTF-8 (left to the decode)."""
+    from sinks.codec import native_event_head, native_events_batch, raw_events_batch
+
+    alone = []
+    for message in messages:
+        try:
+            head = native_event_head(message)
+        except CodecError:
+            with pytest.raises(CodecError):
+                decode_native_event(message)
+            head = None
+        try:
+            alone.append(decode_native_event(message))
+        except CodecError as exc:
+            assert head is not None or "UTF" not in str(exc)
+            with pytest.raises(CodecError, match=re.escape(str(exc))):
+                native_events_batch(messages)
+            return
+        assert head == alone[-1][:3]
+    assert native_events_batch(messages).data.equals(raw_events_batch(alone).data)
 
 
 @FUZZ

@@ -37,7 +37,23 @@ def _delta(kind: str) -> StateDelta:
                       "11" * 32)
 
 
-OBJECTS = [encode_state(_delta("checkpoint")), encode_state(_delta("stripe"))]
+def _v2(kind: str) -> StateDelta:
+    """Version 2: per-domain rows (a cell on two domains), carry, baseline, order."""
+    from dataclasses import replace
+
+    base = _delta(kind)
+    keys = (*base.keys, base.keys[0])
+    extra: dict[str, object] = {
+        "carry": ((base.keys[1], encode_value(7), encode_value(6)),),
+        "baseline": '{"chunks":1,"completed":0,"tracks":[]}', "domain_order": (9, 5)}
+    if kind == "stripe":
+        extra.update(domains=(5, 5, 5, 5, 9), order=((5, 3), (9, 1)))
+    return replace(base, keys=keys, values=(*base.values, encode_value(3)),
+                   befores=(*base.befores, base.values[0]), cells_setsum="", **extra)
+
+
+OBJECTS = [encode_state(_delta("checkpoint")), encode_state(_delta("stripe")),
+           encode_state(_v2("checkpoint")), encode_state(_v2("stripe"))]
 ENTRY = StateEntry("checkpoint", "state/CHECKPOINT." + "a" * 64, "a" * 64, 10, 1, 9, 4,
                    "00" * 32, 8, 12, "11" * 32)
 INDEX = json.loads(StateIndex((ENTRY,)).to_bytes())
@@ -47,6 +63,8 @@ def test_objects_round_trip() -> None:
     for data in OBJECTS:
         delta = decode_state(data)
         assert encode_state(delta) == data
+    assert [decode_state(d).version for d in OBJECTS] == [1, 1, 2, 2]
+    assert decode_state(OBJECTS[3]).rows_of(9) == [4]
 
 
 @FUZZ
@@ -65,3 +83,13 @@ def test_a_damaged_index_raises_only_corrupt_state(data: bytes) -> None:
     with contextlib.suppress(CorruptState):
         index = StateIndex.from_bytes(data, "i")
         assert StateIndex.from_bytes(index.to_bytes(), "i").entries == index.entries
+
+
+@pytest.mark.parametrize("setsum", ["\ud800", "zz" * 32, "00" * 31])
+def test_an_index_entry_with_a_setsum_that_is_not_one_is_corrupt(setsum: str) -> None:
+    # Found by the fuzz test: it decoded, then failed with ValueError when summed.
+    entry = json.loads(json.dumps(INDEX["entries"][0]))
+    entry["replaced"]["setsum"] = setsum
+    data = json.dumps({**INDEX, "entries": [entry]}).encode()
+    with pytest.raises(CorruptState, match="setsum hexdigest"):
+        StateIndex.from_bytes(data, "i")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from agent import Agent, MemoryStore
 from agent._workload import Workload
 from replay import Assembler, Changeset, InconsistentLog, collect_log, compact_log
-from replay._resume import frontier_of
+from replay._resume import _baseline_text, frontier_of
 from sinks import Setsum
 from sinks.codec import decode
 from sinks.codec import records as expand
@@ -93,6 +93,36 @@ def pending_epochs(asm: Assembler) -> dict[int, list[int]]:
     return {d: sorted(dom.epochs) for d, dom in asm._domains.items() if dom.epochs}
 
 
+def held(asm: Assembler) -> tuple[Any, ...]:
+    """What else a reader holds at a point: the baseline carry (chunk changes not handed
+    out yet), the baseline bookkeeping (a fresh consumer's open window included), and
+    whether its state is the whole store."""
+    return (dict(asm._baselines.carry), _baseline_text(asm), asm._baselines.trusted)
+
+
+def view(asm: Assembler) -> dict[bytes, bytes]:
+    """The state as the changesets handed out so far show it (the carry undone)."""
+    out = dict(asm._state)
+    for key, (_value, shown) in asm._baselines.carry.items():
+        if shown:
+            out[key] = shown
+        else:
+            out.pop(key, None)
+    return out
+
+
+def follow(replica: dict[bytes, bytes], changesets: list[Changeset]) -> None:
+    """Apply changesets as a replica does, checking each one's before values."""
+    for changeset in changesets:
+        for key, before in changeset._before.items():
+            assert replica.get(key, b"") == before, (changeset, key)
+        for key, after in changeset._changes.items():
+            if after:
+                replica[key] = after
+            else:
+                replica.pop(key, None)
+
+
 def bits(changeset: Changeset) -> tuple[Any, ...]:
     return (changeset.domain_id, changeset.epoch_seq, changeset.event_count,
             str(changeset.position), changeset._changes, changeset._before)
@@ -105,10 +135,12 @@ class Reference:
         self.records = records
         self.states: dict[int, tuple[dict[bytes, bytes], str]] = {}
         self.pending: dict[int, dict[int, list[int]]] = {}
+        self.held: dict[int, tuple[Any, ...]] = {}
         for point in points:
             asm = positioned_at(records, point)
             self.states[point] = (dict(asm._state), frontier_of(asm))
             self.pending[point] = pending_epochs(asm)
+            self.held[point] = held(asm)
         newest = points[-1]
         asm = positioned_at(records, newest)
         self.after_newest = [bits(c) for c in asm.changesets(
@@ -124,13 +156,20 @@ def read_compacted(objs: InMemoryObjectStore, reader: Assembler, ref: Reference,
     deltas = [i for i in items if isinstance(i, StateDelta)]
     rest = items[len(deltas):]
     assert not any(isinstance(i, StateDelta) for i in rest)
+    # A replica following this reader's changesets: each one's befores must hold.
+    replica = {} if from_offset is None else view(reader)
     for delta in deltas:
-        reader.feed(delta)
+        follow(replica, reader.feed(delta))
         if delta.hi in ref.states and (from_offset is None or delta.hi >= from_offset):
             assert (reader._state, frontier_of(reader)) == ref.states[delta.hi], delta.hi
             assert pending_epochs(reader) == ref.pending[delta.hi], delta.hi
-    assert [bits(c) for c in reader.changesets(rest)] == ref.after_newest
+            assert held(reader) == ref.held[delta.hi], delta.hi
+            assert replica == view(reader), delta.hi
+    after = list(reader.changesets(rest))
+    assert [bits(c) for c in after] == ref.after_newest
     assert reader._state == ref.final
+    follow(replica, after)
+    assert replica == view(reader)
 
 
 def check_state_chain(objs: InMemoryObjectStore) -> None:

@@ -25,7 +25,13 @@ from hypothesis import strategies as st
 from replay import Assembler, Changeset
 from replay._bulk import BrokenChain, cancel_out, net_changes
 from sequencer import EpochRecord
-from sinks.codec import SEGMENT_BITS, EventBatch, segment_digest_array, segment_digests
+from sinks.codec import (
+    SEGMENT_BITS,
+    EpochRun,
+    EventBatch,
+    segment_digest_array,
+    segment_digests,
+)
 from tests.sinks.kafka._simulate import Run, captured_run
 
 
@@ -168,6 +174,111 @@ def test_bulk_changesets_equal_one_interval_at_a_time(
         assert want[1] is None and want[0]
 
 
+def _as_runs(items: list[Any], rng: random.Random) -> list[Any]:
+    """``items`` as a version 3 log holds them: consecutive epoch records grouped into
+    ``EpochRun``s at random cuts (a run of one, of a few, of many)."""
+    out: list[Any] = []
+    pending: list[EpochRecord] = []
+    for item in [*items, None]:
+        if isinstance(item, EpochRecord):
+            pending.append(item)
+            if rng.random() > 0.2:
+                continue
+        if pending:
+            out.append(EpochRun.from_records(pending))
+            pending = []
+        if item is not None and not isinstance(item, EpochRecord):
+            out.append(item)
+    return out
+
+
+def _expanded(items: list[Any]) -> list[Any]:
+    return [r for item in items for r in (item.records() if isinstance(item, EpochRun)
+                                          else [item])]
+
+
+def _damage_runs(items: list[Any], kind: str, rng: random.Random) -> list[Any]:
+    """Damage only a log of runs can show: runs delivered again, out of order or
+    overlapping (their records are then taken one by one)."""
+    runs = [i for i, r in enumerate(items) if isinstance(r, EpochRun)]
+    if kind == "repeat run":  # a copy later in the log (a reader resumed a fragment back)
+        i = rng.choice(runs)
+        items.insert(rng.randint(i + 1, len(items)), items[i])
+    elif kind == "overlapping run":  # a run of records some of which were already sent
+        i = rng.choice(runs)
+        records = items[i].records()
+        later = [j for j in runs if j > i]
+        extra = items[rng.choice(later)].records() if later else []
+        cut = rng.randrange(len(records))
+        items.insert(rng.randint(i + 1, len(items)),
+                     EpochRun.from_records(records[cut:] + extra[:rng.randint(0, 3)]))
+    elif kind == "forge run row":  # one row of a run altered in its Arrow columns
+        i = rng.choice(runs)
+        rows = items[i].data.to_pylist()
+        row = rng.randrange(len(rows))
+        field = rng.choice(["begin_id", "end_id", "event_count", "quiescent", "setsum"])
+        value = rows[row][field]
+        rows[row][field] = (not value if field == "quiescent" else
+                            bytes(31) + b"\x01" if field == "setsum" else value + 1)
+        items[i] = EpochRun(pa.RecordBatch.from_pylist(rows, schema=items[i].data.schema))
+    return items
+
+
+_RUN_KINDS = [*_KINDS, "repeat run", "overlapping run", "forge run row"]
+
+
+@pytest.mark.parametrize("kind", _RUN_KINDS)
+@pytest.mark.parametrize("which", range(4))
+@settings(max_examples=2, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
+def test_epoch_runs_equal_their_records_one_at_a_time(
+        runs: list[Run], kind: str, which: int, seed: int, drain_every: int | None) -> None:
+    """A log whose epoch records come as runs (verified as columns, no record per epoch)
+    gives the same changesets, then the same InconsistentLog, as its records fed one at
+    a time, damaged inside a run or not, through ``changesets`` and through ``feed``."""
+    import replay._assembler as assembler_module
+
+    rng = random.Random(seed)
+    if kind in _KINDS:
+        items = _as_runs(_damage(runs[which].items, kind, rng), rng)
+    else:
+        items = _damage_runs(_as_runs(runs[which].items, rng), kind, rng)
+    want = _streamed(_expanded(items))
+    original = assembler_module._BULK_EVENTS
+    if drain_every is not None:
+        assembler_module._BULK_EVENTS = drain_every  # type: ignore[misc]
+    try:
+        got = _bulk(items)
+    finally:
+        assembler_module._BULK_EVENTS = original  # type: ignore[misc]
+    assert got == want
+    assert _streamed(items) == want  # feed(EpochRun): the run's records in order
+    if kind in ("none", "repeat run", "shuffle batches"):
+        assert want[1] is None and want[0]
+
+
+@pytest.mark.parametrize("which", range(4))
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
+def test_a_sound_log_of_runs_never_expands_a_run(
+        runs: list[Run], which: int, seed: int, drain_every: int | None) -> None:
+    """Undamaged, every run is verified from its columns: no ``EpochRecord`` is built
+    (a run expanded would mean the one-interval path took over, slowly)."""
+    import replay._assembler as assembler_module
+
+    items = _as_runs(runs[which].items, random.Random(seed))
+    want = _streamed(_expanded(items))
+
+    def refuse(self: EpochRun) -> list[EpochRecord]:
+        raise AssertionError("a run was expanded into records")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EpochRun, "records", refuse)
+        if drain_every is not None:
+            patch.setattr(assembler_module, "_BULK_EVENTS", drain_every)
+        assert _bulk(items) == want
+
+
 def _values() -> st.SearchStrategy[bytes]:
     return st.sampled_from([b"", b"\x02a", b"\x02b", b"\x02c", b"\x00"])
 
@@ -255,3 +366,26 @@ def test_segment_digest_array_matches_the_layout(
     # The same items from Python rows (a Kafka partition's few events), no Arrow.
     rows_py = [tuple(r.values()) for r in data.to_pylist()]
     assert codec.row_segment_digests(rows_py) == [d for *_, d in want]
+
+
+def test_read_log_runs_replays_like_its_records() -> None:
+    """``read_log(runs=True)`` yields each EPOCHS message as its ``EpochRun`` (the agent
+    writes runs to a wal3 log), and the assembler gives from it the changesets it gives
+    from the records one by one."""
+    from agent import Agent, MemoryStore
+    from sinks.wal3 import Wal3Sink, read_log
+
+    uri = "memory://read-log-runs"
+    agent = Agent(MemoryStore(), Wal3Sink(uri))
+    for i in range(40):
+        with agent.batch():
+            agent.set("t", i % 7, "c", i)
+            agent.set("u", i % 3, "d", -0.0 if i % 2 else float("nan"))
+    agent.close()
+    items = list(read_log(uri, runs=True))
+    assert any(isinstance(r, EpochRun) for r in items)
+    assert not any(isinstance(r, EpochRecord) for r in items)
+    want = _bulk(list(read_log(uri)))
+    assert want[1] is None and len(want[0]) >= 40
+    assert _bulk(items) == want
+    assert _streamed(items) == want

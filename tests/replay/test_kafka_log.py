@@ -210,8 +210,8 @@ def _damaged_topic(topic, kind: str, rng: random.Random):
     markers = [(p, i) for p, msgs in enumerate(topic) for i, (_k, _v, h) in enumerate(msgs)
                if h is not None]
 
-    def forge(header: str, field: str, change: object) -> None:
-        p, i = rng.choice(markers)
+    def forge(header: str, field: str, change: object, among: list | None = None) -> None:
+        p, i = rng.choice(among or markers)
         key, value, headers = topic[p][i]
         headers = [(name, encode_epoch(dataclasses.replace(
             record := decode(raw), **{field: change(getattr(record, field))}))
@@ -232,6 +232,11 @@ def _damaged_topic(topic, kind: str, rng: random.Random):
         forge(HEADER_PARTITION, "setsum", lambda _: "1" * 64)
     elif kind == "forge partition count":
         forge(HEADER_PARTITION, "event_count", lambda n: n + 1)
+    elif kind == "forge partition tables":
+        shares = [(p, i) for p, i in markers  # a share with events: the bulk check's
+                  if decode(dict(topic[p][i][2])[HEADER_PARTITION]).event_count]
+        forge(HEADER_PARTITION, "table_counts",
+              lambda counts: tuple((f"{name}x", n) for name, n in counts), shares)
     elif kind == "forge whole count":
         forge(HEADER_WHOLE, "event_count", lambda n: n + 1)
     elif kind == "duplicate":
@@ -240,25 +245,28 @@ def _damaged_topic(topic, kind: str, rng: random.Random):
     return topic
 
 
-@pytest.mark.parametrize("small_share", [0, 512])  # every share through Arrow / none
 @pytest.mark.parametrize("kind", ["drop event", "alter event", "drop marker",
                                   "forge partition setsum", "forge partition count",
-                                  "forge whole count", "duplicate"])
-@pytest.mark.parametrize("bulk", [False, True])
+                                  "forge partition tables", "forge whole count",
+                                  "duplicate"])
+@pytest.mark.parametrize("check", ["python", "arrow", "bulk"])
 def test_damage_is_refused_after_only_true_changesets(
-        run: Run, monkeypatch: pytest.MonkeyPatch, small_share: int, kind: str,
-        bulk: bool) -> None:
+        run: Run, monkeypatch: pytest.MonkeyPatch, kind: str, check: str) -> None:
     """Damage anywhere (a few random places each): every changeset handed out is one of
     the undamaged topic's, in order; a copy changes nothing; anything else is refused
     with InconsistentLog (or, where only the tail is hit, nothing past it is handed out).
-    Both ways a partition's share is checked: in Python (few events) or in Arrow."""
+    Every way a partition's share is checked: one at a time at its marker in Python (few
+    events) or in Arrow, or (bulk) all shares of a drain in one vectorised pass."""
+    import zlib
+
     import replay._kafka_log as kafka_log
 
-    monkeypatch.setattr(kafka_log, "_SMALL_SHARE", small_share)
+    monkeypatch.setattr(kafka_log, "_SMALL_SHARE", 0 if check == "arrow" else 512)
+    bulk = check == "bulk"
     topic = simulate_topic(run.items, 3, "native")
     clean = [(c.epoch_seq, c._changes) for c in Feeder(topic, random.Random(4)).feed(
         KafkaLog(3))]
-    rng = random.Random(hash((kind, small_share, bulk)) % 1000)
+    rng = random.Random(zlib.crc32(f"{kind}/{check}".encode()))
     for _ in range(3):
         damaged = _damaged_topic(topic, kind, rng)
         log = KafkaLog(3, bulk=bulk)
@@ -273,13 +281,44 @@ def test_damage_is_refused_after_only_true_changesets(
         except InconsistentLog as exc:
             error = exc
             if bulk:
-                got += log.drain() if log._failure is None else []
+                got += log.drain() if log.failure is None else []
+        if bulk and log.failure is not None:  # met by a drain, after what it returned
+            error = error or log.failure
         handed = [(c.epoch_seq, c._changes) for c in got]
         assert handed == clean[:len(handed)], kind
         if kind == "duplicate":
             assert error is None and handed == clean
         else:
             assert error is not None or len(handed) < len(clean), kind
-        if kind in ("drop event", "alter event"):
+        if kind in ("drop event", "alter event", "forge partition tables"):
             # Found by the partition's own marker, before the epoch reaches the assembler.
             assert error is not None and "partition " in str(error), error
+
+
+def test_bulk_check_names_the_first_bad_share_and_keeps_the_ones_before(run: Run) -> None:
+    """check_shares on shares with a corrupt name in one message and an altered value in
+    a later share: the first is the fault (named by partition and epoch), and exactly the
+    events of the shares before it are kept for the assembler."""
+    from replay._kafka_shares import check_shares
+    from sinks.codec import native_events_batch
+
+    log = KafkaLog(3, bulk=True)  # fed whole, not drained: its shares wait in the queue
+    Feeder(simulate_topic(run.items, 3, "native"), random.Random(2)).feed(log)
+    shares = [share for epoch in log._queued for share in epoch.shares][:6]
+    assert len(shares) >= 6 and check_shares(shares).fault is None
+    bad = [list(s[2]) for s in shares]
+    value = bad[2][0]
+    bad[2][0] = value[:38] + b"\xff" + value[39:]  # the table name is no UTF-8 any more
+    bad[4][0] = bad[4][0][:-1] + bytes([bad[4][0][-1] ^ 1])
+    checked = check_shares([(p, r, v) for (p, r, _e), v in zip(shares, bad, strict=True)])
+    assert checked.fault == 2
+    assert "corrupt event message" in str(checked.error)
+    assert checked.error.epoch_seq == shares[2][1].epoch_seq
+    kept = checked.first(2).data
+    assert kept.num_rows == len(shares[0][2]) + len(shares[1][2])
+    expected = native_events_batch(shares[0][2] + shares[1][2]).data
+    assert sorted(kept.column("seq").to_pylist()) == sorted(expected.column("seq").to_pylist())
+    checked = check_shares([(p, r, v) for (p, r, _e), v in
+                            zip(shares[3:], bad[3:], strict=True)])
+    assert checked.fault == 1 and "setsum" in str(checked.error)
+    assert checked.first(1).data.num_rows == len(shares[3][2])  # not the bad share's

@@ -427,3 +427,35 @@ def test_nan_payloads_and_signed_zeros_survive_replication(
         replica.apply(changeset)
         held = replica.snapshot()[("cdc_demo_accounts", 1, "rate")]
         assert struct.pack(">d", held) == struct.pack(">d", value)
+
+
+def test_two_appliers_of_one_consumer_never_apply_a_changeset_twice(
+        log: Log, fresh_replica: Callable[..., PostgresReplica]) -> None:
+    """The fast path trusts the token this replica last wrote; another applier of the same
+    consumer moving it in between is noticed (nothing applied twice, nothing skipped)."""
+    first, second = fresh_replica(), fresh_replica()
+    third = len(log.changesets) // 3
+    assert first.apply_many(log.changesets[:third]) == third
+    # second still believes the token is empty: its fast path must find it moved
+    assert second.apply_many(log.changesets[:2 * third]) == third
+    assert first.apply_many(log.changesets) == len(log.changesets) - 2 * third
+    assert second.apply_many(log.changesets) == 0
+    assert bits(second.snapshot()) == log.final
+    assert str(second.position) == str(log.changesets[-1].position)
+
+
+def test_a_lost_connection_is_a_replica_error_at_every_call(
+        log: Log, fresh_replica: Callable[..., PostgresReplica]) -> None:
+    """psycopg's errors come out of apply, position and snapshot as ReplicaError naming
+    the operation, chained; an apply whose commit may be lost says so."""
+    replica = fresh_replica()
+    replica.apply(log.changesets[0])
+    replica._conn.close()  # the connection is gone under the replica
+    with pytest.raises(ReplicaError, match=r"applying 1 changeset\(s\) failed .*may or may "
+                       r"not have happened") as info:
+        replica.apply(log.changesets[1])
+    assert isinstance(info.value.__cause__, psycopg.Error)
+    with pytest.raises(ReplicaError, match="reading the replica's position failed"):
+        _ = replica.position
+    with pytest.raises(ReplicaError, match="reading the replica's tables failed"):
+        replica.snapshot()

@@ -1,0 +1,244 @@
+"""Epoch records as columns: how the assembler verifies a run of intervals at once.
+
+A busy agent closes two epochs per automatic batch (its own and the quiescence marker),
+so a run of one-event intervals holds two epoch records per event. One Python object
+and one Python step per record cost more than the event itself; here the records of a
+run are numpy columns, taken straight from an EPOCHS message's Arrow columns
+(``sinks.codec.EpochRun``) or, for records that came one by one, gathered once.
+
+The checks (``first_*_fault``) find the first epoch whose record disagrees with the
+events. They may be stricter than the one-interval reference (``replay._assembler``)
+but never more lenient: an epoch they flag is verified again by the reference, which
+names the fault exactly (or accepts it); an epoch they pass, the reference passes too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sequencer import EpochRecord
+from sinks import SETSUM_PRIMES, EpochRun
+from sinks.codec import segment_digest_array
+
+__all__ = ["EpochColumns", "first_count_fault", "first_setsum_fault", "first_table_fault",
+           "first_tiling_fault"]
+
+# What a record says of its setsum: nothing (an unfilled ""), a digest, or a text that
+# is no canonical digest (it can equal no computed setsum: always a fault).
+SETSUM_NONE: Final = 0
+SETSUM_DIGEST: Final = 1
+SETSUM_BOGUS: Final = 2
+
+_PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochColumns:
+    """Consecutive epoch records of one domain, one numpy column per field.
+
+    Record ``k`` lists the tables ``table_names[table_offsets[k]:table_offsets[k + 1]]``
+    with the counts ``table_counts`` alike; ``lanes[k]`` is its setsum digest as eight
+    little-endian 32-bit lanes (meaningful where ``setsum_kind[k]`` is SETSUM_DIGEST).
+    """
+
+    seqs: np.ndarray  # uint64
+    begins: np.ndarray  # uint64
+    ends: np.ndarray  # uint64
+    counts: np.ndarray  # uint64
+    quiescent: np.ndarray  # bool
+    lanes: np.ndarray  # uint32, shape (n, 8)
+    setsum_kind: np.ndarray  # int8
+    table_offsets: np.ndarray  # int64, n + 1
+    table_names: pa.Array  # utf8
+    table_counts: np.ndarray  # uint64
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @classmethod
+    def of_run(cls, run: EpochRun) -> EpochColumns:
+        """A run's columns, without a Python step per record."""
+        data = run.data
+        n = data.num_rows
+        digests = data.column(7)
+        body = digests.buffers()[1]
+        raw = (np.frombuffer(body, dtype="<u4", count=8 * n, offset=32 * digests.offset)
+               if body is not None and n else np.zeros(0, dtype="<u4"))
+        lists = data.column(8)
+        offsets = lists.offsets.to_numpy().astype(np.int64)
+        items = lists.flatten()
+        return cls(
+            data.column(1).to_numpy(), data.column(2).to_numpy(), data.column(3).to_numpy(),
+            data.column(4).to_numpy(), data.column(5).to_numpy(zero_copy_only=False),
+            raw.reshape(n, 8), np.full(n, SETSUM_DIGEST, dtype=np.int8),
+            offsets - offsets[0], items.field(0), items.field(1).to_numpy())
+
+    @classmethod
+    def of_records(cls, records: Sequence[EpochRecord]) -> EpochColumns:
+        """The columns of records that came one by one (each field gathered in C)."""
+        n = len(records)
+        lanes, kinds = _setsum_lanes([r.setsum for r in records])
+        tables = [r.table_counts for r in records]
+        pairs = list(itertools.chain.from_iterable(tables))
+        return cls(
+            np.fromiter(map(_SEQ, records), np.uint64, n),
+            np.fromiter(map(_BEGIN, records), np.uint64, n),
+            np.fromiter(map(_END, records), np.uint64, n),
+            np.fromiter(map(_COUNT, records), np.uint64, n),
+            np.fromiter(map(_QUIET, records), bool, n), lanes, kinds,
+            np.concatenate(([0], np.cumsum(np.fromiter(map(len, tables), np.int64, n)))),
+            pa.array([name for name, _ in pairs], pa.utf8()),
+            np.array([count for _, count in pairs], dtype=np.uint64))
+
+    @staticmethod
+    def concat(parts: Sequence[EpochColumns]) -> EpochColumns:
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [p.table_offsets[-1] for p in parts[:-1]])
+        return EpochColumns(
+            np.concatenate([p.seqs for p in parts]),
+            np.concatenate([p.begins for p in parts]),
+            np.concatenate([p.ends for p in parts]),
+            np.concatenate([p.counts for p in parts]),
+            np.concatenate([p.quiescent for p in parts]),
+            np.concatenate([p.lanes for p in parts]),
+            np.concatenate([p.setsum_kind for p in parts]),
+            np.concatenate([parts[0].table_offsets[:1]]
+                           + [p.table_offsets[1:] + s for p, s in zip(parts, shifts,
+                                                                      strict=True)]),
+            pa.concat_arrays([p.table_names for p in parts]),
+            np.concatenate([p.table_counts for p in parts]))
+
+    def head(self, n: int) -> EpochColumns:
+        """The first ``n`` records."""
+        if n == len(self):
+            return self
+        lo, hi = 0, int(self.table_offsets[n])
+        return EpochColumns(
+            self.seqs[:n], self.begins[:n], self.ends[:n], self.counts[:n],
+            self.quiescent[:n], self.lanes[:n], self.setsum_kind[:n],
+            self.table_offsets[:n + 1], self.table_names.slice(lo, hi - lo),
+            self.table_counts[lo:hi])
+
+
+_SEQ, _BEGIN, _END, _COUNT, _QUIET = map(operator.attrgetter, (
+    "epoch_seq", "begin_id", "end_id", "event_count", "quiescent"))
+
+
+def _setsum_lanes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Records' setsum texts as lanes, with what each says (SETSUM_NONE/DIGEST/BOGUS)."""
+    n = len(texts)
+    joined = "".join(texts)
+    # The usual case, checked in C: every text 64 lowercase hex digits.
+    if set(map(len, texts)) == {64} and joined == joined.lower():
+        try:
+            raw = bytes.fromhex(joined)
+        except ValueError:
+            raw = b""
+        if len(raw) == 32 * n:
+            return (np.frombuffer(raw, dtype="<u4").reshape(n, 8),
+                    np.full(n, SETSUM_DIGEST, dtype=np.int8))
+    kinds = np.zeros(n, dtype=np.int8)
+    digests = bytearray(32 * n)
+    for k, text in enumerate(texts):
+        if not text:
+            continue
+        if len(text) == 64 and _HEX.issuperset(text):
+            kinds[k] = SETSUM_DIGEST
+            digests[32 * k:32 * k + 32] = bytes.fromhex(text)
+        else:
+            kinds[k] = SETSUM_BOGUS
+    return np.frombuffer(bytes(digests), dtype="<u4").reshape(n, 8), kinds
+
+
+def first_tiling_fault(columns: EpochColumns, applied_end: int) -> int | None:
+    """The first epoch that does not begin where the one before it ended."""
+    expected = np.concatenate((np.array([applied_end], dtype=np.uint64), columns.ends[:-1]))
+    bad = np.flatnonzero(columns.begins != expected)
+    return int(bad[0]) if len(bad) else None
+
+
+def first_count_fault(columns: EpochColumns, epoch_index: np.ndarray) -> int | None:
+    """The first epoch whose event count is not its record's."""
+    n = len(columns)
+    seen = np.bincount(epoch_index, minlength=n)[:n].astype(np.uint64)
+    bad = np.flatnonzero(seen != columns.counts)
+    return int(bad[0]) if len(bad) else None
+
+
+def first_table_fault(columns: EpochColumns, tables: pa.Array, epoch_index: np.ndarray
+                      ) -> int | None:
+    """The first epoch (with events) whose per-table counts are not the record's.
+
+    ``tables`` is each event's table. As in the reference, nothing is checked when no
+    record of the run lists tables, nor for an epoch whose record says no events; an
+    epoch listing a table twice is flagged (the reference reads the list as a dict).
+    """
+    names = columns.table_names
+    if not len(names):
+        return None
+    n = len(columns)
+    checked = columns.counts != 0
+    item_epoch = np.repeat(np.arange(n, dtype=np.int64), np.diff(columns.table_offsets))
+    encoded = pc.dictionary_encode(pa.concat_arrays([tables, names]))
+    codes = encoded.indices.to_numpy().astype(np.int64)
+    width = len(encoded.dictionary)
+    event_codes, item_codes = codes[:len(tables)], codes[len(tables):]
+    keep = checked[item_epoch]
+    exp_key = item_epoch[keep] * width + item_codes[keep]
+    exp_count = columns.table_counts[keep]
+    faults: list[int] = []
+    order = np.argsort(exp_key, kind="stable")
+    exp_key, exp_count = exp_key[order], exp_count[order]
+    twice = np.flatnonzero(exp_key[1:] == exp_key[:-1])
+    if len(twice):
+        faults.append(int(exp_key[twice[0]] // width))
+    events_checked = checked[np.minimum(epoch_index, n - 1)] & (epoch_index < n)
+    seen_key, seen_count = np.unique(
+        epoch_index[events_checked].astype(np.int64) * width + event_codes[events_checked],
+        return_counts=True)
+    # Both sides sorted by key: the same keys with the same counts, or a fault at the
+    # first key found on one side only (or with another count).
+    if len(seen_key) != len(exp_key):
+        diff = np.setxor1d(seen_key, exp_key)
+        if len(diff):
+            faults.append(int(diff[0] // width))
+        else:  # the same keys, one listed twice: flagged above
+            pass
+    else:
+        bad = np.flatnonzero((seen_key != exp_key)
+                             | (seen_count.astype(np.uint64) != exp_count))
+        if len(bad):
+            faults.append(int(min(seen_key[bad[0]], exp_key[bad[0]]) // width))
+    return min(faults) if faults else None
+
+
+def first_setsum_fault(columns: EpochColumns, data: pa.Table | pa.RecordBatch,
+                       epoch_index: np.ndarray) -> int | None:
+    """The first epoch whose events' setsum is not the record's (one SHA3 per segment;
+    digests summed per epoch as lanes, modulo the setsum primes, all at once)."""
+    kinds = columns.setsum_kind
+    wanted = np.flatnonzero(kinds != SETSUM_NONE)
+    if not len(wanted):
+        return None
+    n = len(columns)
+    starts, digests = segment_digest_array(data)
+    owner = epoch_index[starts]
+    lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
+    cumulative = np.zeros((len(lanes) + 1, 8), dtype=np.uint64)
+    np.cumsum(lanes, axis=0, out=cumulative[1:])
+    bounds = np.searchsorted(owner, np.arange(n + 1))
+    sums = (cumulative[bounds[1:]] - cumulative[bounds[:-1]]) % _PRIMES
+    differs = (sums[wanted] != columns.lanes[wanted]).any(axis=1)
+    differs |= kinds[wanted] == SETSUM_BOGUS
+    bad = wanted[differs]
+    return int(bad[0]) if len(bad) else None
