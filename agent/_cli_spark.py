@@ -8,7 +8,8 @@
 
 Needs ``cdc-agent[spark]``. Spark runs in local mode (``--master``) unless told
 otherwise; ``--conf KEY=VALUE`` passes Spark settings (for Delta Lake: its jars and
-``spark.sql.extensions``, see docs/spark.md). Progress goes to stderr; the exit status
+``spark.sql.extensions``; for a ``kafka://`` topic: the spark-sql-kafka jars; see
+docs/spark.md). Progress goes to stderr; the exit status
 is 1 when the log is inconsistent, 2 when it cannot be read.
 """
 
@@ -26,7 +27,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add ``cdc-agent spark ...`` to the parser."""
     parser = subparsers.add_parser(
-        "spark", help="replay a wal3 log in Spark: snapshot, changesets, verify",
+        "spark", help="replay a wal3 log or Kafka topic in Spark: snapshot, changesets, verify",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="spark_command", metavar="ACTION", required=True)
     for name, help_text in (
@@ -35,7 +36,10 @@ def register(subparsers: Any) -> None:
         ("verify", "check every epoch of the log in Spark"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("uri", metavar="URI", help="file:///dir or s3://bucket/prefix")
+        sub.add_argument("uri", metavar="URI", help="file:///dir, s3://bucket/prefix, or "
+                         "kafka://host:port/topic (a topic written by KafkaSink)")
+        sub.add_argument("--encoding", choices=("native", "debezium"), default="native",
+                         help="a Kafka topic's encoding (native)")
         sub.add_argument("--out", required=name != "verify", metavar="PATH",
                          help="where to write the table (a path or URL Spark can write)")
         sub.add_argument("--format", choices=("parquet", "delta"), default="parquet")
@@ -83,6 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         from replay import InconsistentLog
         from replay.spark import LogReplay, write_changesets, write_state
+        from sinks import SinkError
         from sinks.wal3 import Wal3Error
     except ImportError as exc:
         _say(str(exc))
@@ -93,7 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     _say(f"Spark up in {time.monotonic() - started:.1f} s; reading {args.uri}")
     try:
         replay = LogReplay(spark, args.uri, prefix=args.prefix,
-                           endpoint_url=args.endpoint_url, progress=_say)
+                           endpoint_url=args.endpoint_url, progress=_say,
+                           encoding=args.encoding)
         if args.spark_command == "snapshot":
             wrote = write_state(replay, args.out, format=args.format, at=args.at)
             _say(f"state at {replay.frontier(args.at)} "
@@ -112,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     except InconsistentLog as exc:
         _say(f"INCONSISTENT: {exc}")
         return 1
-    except (OSError, ValueError, Wal3Error) as exc:
+    except (OSError, ValueError, Wal3Error, SinkError) as exc:  # SinkError: Kafka's
         _say(f"cannot replay {args.uri}: {type(exc).__name__}: {exc}")
         return 2
     finally:

@@ -46,6 +46,15 @@ from replay.spark._decode import (
 from replay.spark._epochs import EpochTable, build_epoch_table, decode_metadata
 from replay.spark._errors import executor_errors
 from replay.spark._frames import CELL, absent, as_unsigned, spark_schema, table_frame
+from replay.spark._kafka import (
+    KAFKA_SCHEME,
+    KafkaTopic,
+    MarkerOffsets,
+    kafka_metadata,
+    kafka_rows,
+    open_topic,
+    vouched_epochs,
+)
 from replay.spark._source import LogSource, list_fragments
 from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
@@ -100,7 +109,11 @@ class _Failure:
 
 
 class LogReplay:
-    """A wal3 log opened for Spark: events, verification, snapshots and changesets.
+    """A log opened for Spark: events, verification, snapshots and changesets.
+
+    ``uri``: a wal3 log (``file:///dir``, ``s3://bucket/prefix``) or a Kafka topic
+    written by ``KafkaSink`` (``kafka://host:port/topic``, in ``encoding`` ``native``
+    or ``debezium``; read up to where its partitions ended when it was opened).
 
     Reading happens on first use and is cached in the session (``unpersist()`` frees
     it). The module functions ``events``, ``verify``, ``snapshot`` and ``changesets``
@@ -108,14 +121,25 @@ class LogReplay:
     """
 
     def __init__(self, spark: SparkSession, uri: str, *, prefix: str = "",
-                 endpoint_url: str | None = None, progress: Progress = None) -> None:
+                 endpoint_url: str | None = None, progress: Progress = None,
+                 encoding: str = "native") -> None:
         self.spark = spark
         self.uri = uri
         self._progress = progress
-        self.source: LogSource = list_fragments(uri, prefix, endpoint_url)
+        self._persisted: list[DataFrame] = []
+        self._markers: MarkerOffsets = {}
+        self.source: LogSource | KafkaTopic
+        if uri.startswith(KAFKA_SCHEME):
+            self.source = open_topic(uri, encoding)
+            self._say(f"topic {self.source.topic!r}: {self.source.partitions} partitions, "
+                      f"{self.source.messages()} messages to read ({encoding})")
+            return
+        if encoding != "native":
+            raise ValueError(f"encoding={encoding!r} is for Kafka topics; {uri!r} is a "
+                             "wal3 log")
+        self.source = list_fragments(uri, prefix, endpoint_url)
         self._say(f"manifest lists {len(self.source.fragments)} fragments "
                   f"(records up to offset {self.source.next_offset})")
-        self._persisted: list[DataFrame] = []
 
     def _say(self, text: str) -> None:
         if self._progress is not None:
@@ -125,6 +149,7 @@ class LogReplay:
 
     @cached_property
     def _fragments(self) -> DataFrame:
+        assert isinstance(self.source, LogSource)
         names = list(self.source.fragments)
         slices = max(1, min(len(names), self.spark.sparkContext.defaultParallelism * 4))
         rdd = self.spark.sparkContext.parallelize([(n,) for n in names], slices)
@@ -135,13 +160,18 @@ class LogReplay:
         """Pass 1: the epoch records (checked for tiling and gaps on the driver) and the
         baselines' chunk headers (checked for setsums, order and tiling)."""
         s = self.source
-        with executor_errors():
-            rows = self._fragments.mapInArrow(
-                metadata_rows(s.uri, s.prefix, s.endpoint_url), spark_schema(METADATA_ROWS)
-            ).collect()
-        records, chunks = decode_metadata(
-            (int(r["offset"]), None if r["body"] is None else bytes(r["body"]), r["chunk"])
-            for r in sorted(rows, key=lambda r: int(r["offset"])))
+        if isinstance(s, KafkaTopic):
+            with executor_errors():
+                markers, chunks = kafka_metadata(self.spark, s)
+            records, self._markers = vouched_epochs(markers, s.partitions)
+        else:
+            with executor_errors():
+                rows = self._fragments.mapInArrow(
+                    metadata_rows(s.uri, s.prefix, s.endpoint_url),
+                    spark_schema(METADATA_ROWS)).collect()
+            records, chunks = decode_metadata(
+                (int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
+                 r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"])))
         table = build_epoch_table(records)
         baselines = build_baselines(chunks, table.intervals)
         self._say(f"{sum(map(len, table.epochs.values()))} epochs in "
@@ -165,6 +195,9 @@ class LogReplay:
         """Pass 2: every event and segment, placed in its epoch and interval (cached)."""
         s = self.source
         index = self.epochs.index(self.baselines.accepted())
+        if isinstance(s, KafkaTopic):
+            events, with_segments = kafka_rows(self.spark, s, index, self._markers)
+            return self._persist(with_segments(self._persist(events)))
         rows = self._fragments.mapInArrow(
             event_rows(s.uri, s.prefix, s.endpoint_url, index), spark_schema(EVENT_ROWS))
         return self._persist(rows)

@@ -186,8 +186,14 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
+    from replay.spark._kafka import KAFKA_SCHEME
     from replay.spark._output import write_changesets
     from replay.spark._replay import LogReplay
+
+    if uri.startswith(KAFKA_SCHEME):
+        raise ValueError(f"stream_changesets reads a wal3 log; {uri!r} is a Kafka topic: "
+                         "replay it in batches (changesets/write_changesets), or stream it "
+                         "with replay.kafka.consume_consistent")
 
     def each(batch: DataFrame, batch_id: int) -> None:
         rows = batch.collect()

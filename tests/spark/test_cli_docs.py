@@ -71,11 +71,16 @@ def test_cli_changesets_in_delta_style(spark: Any, small: Logged, tmp_path: Path
     assert kinds == {"insert", "delete", "update_preimage", "update_postimage"}
 
 
-def test_every_example_of_the_doc_runs(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.kafka
+def test_every_example_of_the_doc_runs(spark: Any, kafka_bootstrap: str,
+                                       capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """All Python blocks of docs/spark.md, pasted one after the other into one session:
-    the baseline example prints the store's cells, the stream writes a table."""
+    the baseline example prints the store's cells, the stream writes a table, the Kafka
+    example reads the topic it wrote."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka_bootstrap)
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) >= 4
+    assert len(blocks) >= 5
     namespace: dict[str, Any] = {}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
@@ -83,3 +88,4 @@ def test_every_example_of_the_doc_runs(spark: Any, capsys: pytest.CaptureFixture
     assert "('users', 1, 'name'): 'Ada L.'" in out
     assert "('users', 2, 'name'): 'G. Hopper'" in out
     assert spark.read.parquet(namespace["path"] + "-stream").count() > 0
+    assert "('orders', 42, 'status'): 'paid'" in out and "('stock', 'sku-7', 'count'): 11" in out

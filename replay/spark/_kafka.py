@@ -1,0 +1,507 @@
+"""A Kafka topic written by ``sinks.kafka.KafkaSink`` as a source of ``LogReplay``.
+
+Spark reads the topic with its Kafka connector (spark-sql-kafka) between offsets fixed
+when the topic is opened, so both passes see the same messages however much is
+appended meanwhile. Each message is sorted by SQL into an event (native or Debezium),
+an epoch marker (both headers of ``sinks.codec``), a baseline chunk, or a foreign
+message (refused). Then, as for a wal3 log:
+
+1. pass 1 brings the markers (few: one per epoch and partition) and the chunks' headers
+   to the driver, which checks each partition's markers as the Python consumer does
+   (``replay.kafka.KafkaLog``): in each partition a domain's epochs follow one another
+   from its first, each copy matches the whole record, the partitions agree on it and
+   their counts add up to it. An epoch is verified once *every* partition vouched for
+   it (the cut the Python consumer makes); later ones are the tail;
+2. pass 2 decodes the events in the executors and places each in its epoch; an event
+   after its partition's marker of that epoch is not part of it (the Python consumer
+   counts it in a later epoch, which then fails; a copy of an event vouched for is a
+   harmless duplicate). Kafka has one message per event, so the setsum's segments
+   (``sinks.codec``) are rebuilt by a shuffle: events clustered by write batch, sorted
+   by seq, hashed per segment in the executors; two different events with one identity
+   make two different copies of the segment, which ``LogReplay`` refuses.
+
+The checks on the result (counts, per-table counts, setsums per epoch, each cell's
+chain) are ``LogReplay``'s, the same as for a wal3 log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from replay._errors import InconsistentLog
+from replay.spark._baselines import ChunkHeader, chunk_header
+from replay.spark._decode import EVENT_ROWS, KIND_EVENT, KIND_SEGMENT, EpochIndex, _chunk_cells
+from sequencer import EpochRecord
+from sinks.codec import (
+    EVENT_SCHEMA,
+    HEADER_PARTITION,
+    HEADER_READ,
+    HEADER_SNAPSHOT,
+    HEADER_WHOLE,
+    MAGIC,
+    NATIVE_MAGIC,
+    SEGMENT_BITS,
+    CodecError,
+    SnapshotChunk,
+    decode,
+    decode_debezium_event,
+    decode_native_event,
+    encode_key,
+    encode_value,
+    segment_digest_array,
+)
+
+__all__ = [
+    "KAFKA_SCHEME",
+    "KafkaTopic",
+    "MarkerOffsets",
+    "kafka_metadata",
+    "kafka_rows",
+    "open_topic",
+    "vouched_epochs",
+]
+
+KAFKA_SCHEME: Final = "kafka://"
+ENCODINGS: Final = ("native", "debezium")
+
+# What a message is (decided once, in SQL, the same for both passes).
+_EVENT: Final = "e"
+_MARKER: Final = "m"
+_CHUNK: Final = "c"
+_READ: Final = "r"  # a Debezium op "r" row of a baseline cell: the chunk has it, skipped
+_FOREIGN: Final = "x"
+
+# (partition, domain) -> the offset of the partition's marker of each epoch (index
+# epoch_seq - 1), for the epochs every partition vouched for.
+MarkerOffsets = dict[tuple[int, int], np.ndarray]
+
+_META: Final = pa.schema([
+    pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+    pa.field("kind", pa.string()), pa.field("part", pa.binary()),
+    pa.field("whole", pa.binary()), pa.field("chunk", pa.string()),
+])
+# A conflicting second copy of an event gives its segment a digest no real segment has.
+_CONFLICT: Final = hashlib.sha3_256(b"cdc-agent: two different events, one identity").digest()
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaTopic:
+    """A topic as the executors read it: where, which encoding, and the offsets read
+    (per partition, from its first message held to its end when the topic was opened)."""
+
+    uri: str
+    bootstrap: str
+    topic: str
+    encoding: str
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+
+    @property
+    def partitions(self) -> int:
+        return len(self.end)
+
+    def messages(self) -> int:
+        return sum(e - s for s, e in zip(self.start, self.end, strict=True))
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        """The messages between the fixed offsets, with the column ``kind``."""
+
+        def offsets(values: tuple[int, ...]) -> str:
+            return json.dumps({self.topic: {str(p): o for p, o in enumerate(values)}})
+
+        raw = (spark.read.format("kafka")
+               .option("kafka.bootstrap.servers", self.bootstrap)
+               .option("assign", json.dumps({self.topic: list(range(self.partitions))}))
+               .option("startingOffsets", offsets(self.start))
+               .option("endingOffsets", offsets(self.end))
+               .option("includeHeaders", "true")
+               .option("failOnDataLoss", "true")
+               .load())
+        part, whole, snap = (_header(name) for name in (HEADER_PARTITION, HEADER_WHOLE,
+                                                        HEADER_SNAPSHOT))
+        head = F.substring("value", 1, 3)
+        native = self.encoding == "native"
+        # The order of KafkaLog.feed: an event's magic, a marker's two headers, a chunk,
+        # a baseline cell's op "r" row (skipped), a Debezium event.
+        kind = (F.when(head == F.lit(NATIVE_MAGIC), F.lit(_EVENT))
+                .when(part.isNotNull() & whole.isNotNull(), F.lit(_MARKER))
+                .when(snap.isNotNull() | (F.lit(native) & (head == F.lit(MAGIC))),
+                      F.lit(_CHUNK))
+                .when(F.exists("headers", lambda h: h["key"] == F.lit(HEADER_READ)),
+                      F.lit(_READ))
+                .when(F.lit(not native) & F.col("value").isNotNull(), F.lit(_EVENT))
+                .otherwise(F.lit(_FOREIGN)))
+        return raw.select(
+            F.col("partition"), F.col("offset"), kind.alias("kind"), "value",
+            part.alias("part"), whole.alias("whole"),
+            F.coalesce(snap, F.col("value")).alias("snapshot"))
+
+
+def _header(name: str) -> Column:
+    """The value of the first header called ``name`` (null if none)."""
+    return F.get(F.filter("headers", lambda h: h["key"] == F.lit(name)), 0)["value"]
+
+
+def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0) -> KafkaTopic:
+    """Resolve ``kafka://host:port[,host:port]/topic``: its partitions and, for each,
+    the offsets to read (first held, end now). Refuses an unknown encoding or topic."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
+    parts = urlsplit(uri)
+    topic = parts.path.lstrip("/")
+    if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
+        raise ValueError(f"{uri!r} is not a Kafka topic URI: write "
+                         "kafka://host:port/topic (several brokers: host:port,host:port)")
+    from sinks.kafka import (
+        KafkaConfigError,
+        KafkaUnavailable,
+        confluent_kafka,
+        kafka_errors,
+        quiet_logger,
+    )
+
+    ck = confluent_kafka()
+    with kafka_errors("consumer", f"opening topic {topic!r}", KafkaConfigError,
+                      also=(ValueError, TypeError)):
+        consumer = ck.Consumer({"bootstrap.servers": parts.netloc,
+                                "group.id": "cdc-agent-spark", "enable.auto.commit": False,
+                                "logger": quiet_logger()})
+    try:
+        with kafka_errors("consumer", f"reading the metadata of topic {topic!r}",
+                          KafkaUnavailable, f"no Kafka broker at {parts.netloc} answered "
+                          f"within {timeout}s"):
+            meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise KafkaConfigError(f"Kafka topic {topic!r} does not exist on {parts.netloc}; "
+                                   "check the URI's topic")
+        start, end = [], []
+        for p in range(len(meta.partitions)):
+            with kafka_errors("consumer", f"reading the offsets of {topic!r} partition {p}",
+                              KafkaUnavailable):
+                low, high = consumer.get_watermark_offsets(
+                    ck.TopicPartition(topic, p), timeout=timeout, cached=False)
+            start.append(int(low))
+            end.append(int(high))
+    finally:
+        consumer.close()
+    return KafkaTopic(uri, parts.netloc, topic, encoding, tuple(start), tuple(end))
+
+
+# -- pass 1: markers and chunk headers to the driver ------------------------------------------
+
+
+def _metadata_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor side: markers as their two headers, chunks as their headers (their cells
+    stay here), foreign messages as themselves (the driver refuses them)."""
+    for batch in batches:
+        rows = batch.to_pylist()
+        chunks: list[str | None] = []
+        for row in rows:
+            header = None
+            if row["kind"] == _CHUNK:
+                chunk = _decode_chunk(row["partition"], row["offset"], row["snapshot"])
+                header = chunk_header(chunk)
+            chunks.append(header)
+        yield pa.RecordBatch.from_arrays([
+            *(batch.column(f.name).cast(f.type) for f in list(_META)[:5]),
+            pa.array(chunks, pa.string()),
+        ], schema=_META)
+
+
+def _decode_chunk(partition: int, offset: int, body: bytes) -> SnapshotChunk:
+    try:
+        record = decode(body)
+    except CodecError as exc:
+        raise CodecError(f"partition {partition} offset {offset} holds a corrupt snapshot "
+                         f"message: {exc}") from exc
+    if not isinstance(record, SnapshotChunk):
+        raise CodecError(f"partition {partition} offset {offset} holds a "
+                         f"{type(record).__name__} where a snapshot chunk belongs")
+    return record
+
+
+def kafka_metadata(spark: SparkSession, topic: KafkaTopic
+                   ) -> tuple[list[tuple[int, int, bytes, bytes]], list[ChunkHeader]]:
+    """Pass 1: every marker ``(partition, offset, partition record, whole record)`` in
+    each partition's order, and every chunk's header. A foreign message is refused."""
+    frame = topic.frame(spark).filter(F.col("kind").isin(_MARKER, _CHUNK, _FOREIGN))
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    rows = frame.select("partition", "offset", "kind", "part", "whole", "snapshot"
+                        ).mapInArrow(_metadata_rows, from_arrow_schema(_META)).collect()
+    markers, chunks = [], []
+    for row in sorted(rows, key=lambda r: (r["partition"], r["offset"])):
+        if row["kind"] == _FOREIGN:
+            raise InconsistentLog(
+                f"partition {row['partition']} offset {row['offset']} of topic "
+                f"{topic.topic!r} holds a message that is not a cdc-agent {topic.encoding} "
+                "record (is the encoding right?)")
+        if row["kind"] == _MARKER:
+            markers.append((int(row["partition"]), int(row["offset"]), bytes(row["part"]),
+                            bytes(row["whole"])))
+        else:
+            chunks.append(ChunkHeader.parse(row["chunk"]))
+    return markers, chunks
+
+
+def _epoch_record(raw: bytes, where: str) -> EpochRecord:
+    try:
+        record = decode(raw)
+    except CodecError as exc:
+        raise InconsistentLog(f"{where}: a corrupt epoch marker: {exc}") from exc
+    if not isinstance(record, EpochRecord):
+        raise InconsistentLog(f"{where}: an epoch marker header holds a "
+                              f"{type(record).__name__}, not an epoch record")
+    return record
+
+
+def vouched_epochs(markers: Iterable[tuple[int, int, bytes, bytes]], partitions: int
+                   ) -> tuple[list[EpochRecord], MarkerOffsets]:
+    """The driver's checks of the markers (in each partition's order), as
+    ``KafkaLog`` makes them; returns each domain's epochs that every partition vouched
+    for (whole records, from its first on) and where each partition's marker is."""
+    nxt: dict[tuple[int, int], int] = {}  # (partition, domain) -> the epoch due next
+    offsets: dict[tuple[int, int], list[int]] = {}
+    wholes: dict[tuple[int, int], EpochRecord] = {}
+    vouched: dict[tuple[int, int], int] = {}  # (domain, epoch) -> partitions
+    counted: dict[tuple[int, int], int] = {}
+    decoded: dict[bytes, EpochRecord] = {}
+    for partition, offset, raw_part, raw_whole in markers:
+        where = f"partition {partition} offset {offset}"
+        part = _epoch_record(raw_part, where)
+        whole = decoded.get(raw_whole) or decoded.setdefault(
+            raw_whole, _epoch_record(raw_whole, where))
+        domain, seq = whole.domain_id, whole.epoch_seq
+        if (part.domain_id, part.epoch_seq, part.begin_id, part.end_id, part.quiescent) != (
+                domain, seq, whole.begin_id, whole.end_id, whole.quiescent) \
+                or part.stream != partition:
+            raise InconsistentLog(f"{where}: an epoch marker for stream {part.stream} does "
+                                  "not match its epoch", domain_id=domain, epoch_seq=seq)
+        lane = (partition, domain)
+        due = nxt.get(lane)
+        if due is None:
+            if whole.begin_id != 0:
+                raise InconsistentLog(
+                    f"partition {partition} starts in the middle of the domain (epoch {seq}): "
+                    "the earlier records are gone (retention?); replay.spark reads a topic "
+                    "from each domain's first epoch", domain_id=domain, epoch_seq=seq)
+            due = seq
+        if seq < due:
+            continue  # this partition already vouched for it: a duplicate
+        if seq != due:
+            raise InconsistentLog(
+                f"partition {partition} skips from epoch {due - 1} to epoch {seq}: epoch "
+                "markers (and their events) are missing", domain_id=domain, epoch_seq=due)
+        nxt[lane] = seq + 1
+        offsets.setdefault(lane, []).append(offset)
+        known = wholes.setdefault((domain, seq), whole)
+        if known != whole:
+            raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
+                                  f"{known} and {whole}", domain_id=domain, epoch_seq=seq)
+        vouched[(domain, seq)] = vouched.get((domain, seq), 0) + 1
+        counted[(domain, seq)] = counted.get((domain, seq), 0) + part.event_count
+    records: list[EpochRecord] = []
+    firsts = sorted({(d, s) for (d, s), w in wholes.items() if w.begin_id == 0})
+    for domain, seq in firsts:
+        while vouched.get((domain, seq)) == partitions:
+            whole = wholes[(domain, seq)]
+            if counted[(domain, seq)] != whole.event_count:
+                raise InconsistentLog(
+                    f"the partitions hold {counted[(domain, seq)]} events of this epoch, "
+                    f"its record says {whole.event_count}", domain_id=domain, epoch_seq=seq)
+            records.append(whole)
+            seq += 1
+    return records, {lane: np.array(o, dtype=np.int64) for lane, o in offsets.items()}
+
+
+# -- pass 2: events and segments in the executors -----------------------------------------
+
+
+def _decode_events(rows: list[dict[str, Any]], encoding: str) -> list[tuple[Any, ...]]:
+    """(partition, offset, domain, batch, seq, table, row, column, old, new) per event."""
+    out = []
+    for r in rows:
+        value = r["value"]
+        where = f"partition {r['partition']} offset {r['offset']}"
+        try:
+            if value[:3] == NATIVE_MAGIC:
+                e = decode_native_event(value)
+                out.append((r["partition"], r["offset"], *e))
+            else:
+                c = decode_debezium_event(value)
+                out.append((r["partition"], r["offset"], c.domain_id, c.batch_id, c.seq,
+                            c.table, encode_key(c.row), c.column, encode_value(c.old),
+                            encode_value(c.new)))
+        except CodecError as exc:
+            raise CodecError(f"{where} holds a corrupt {encoding} event message: "
+                             f"{exc}") from exc
+    return out
+
+
+def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: MarkerOffsets
+                 ) -> pa.RecordBatch | None:
+    """EVENT_ROWS of decoded events, placed in their epochs; an event after its
+    partition's marker of that epoch is left out (see the module's comment)."""
+    n = len(events)
+    partition = np.array([e[0] for e in events], dtype=np.int64)
+    offset = np.array([e[1] for e in events], dtype=np.int64)
+    domains = np.array([e[2] for e in events], dtype=np.uint64)
+    batches = np.array([e[3] for e in events], dtype=np.uint64)
+    epoch = np.full(n, -1, dtype=np.int64)
+    q = np.full(n, -1, dtype=np.int64)
+    for domain_id in np.unique(domains).tolist():
+        mask = domains == domain_id
+        epoch[mask], q[mask] = index.locate(int(domain_id), batches[mask])
+    keep = np.ones(n, dtype=bool)
+    for (p, d), marks in markers.items():
+        lane = (partition == p) & (domains == np.uint64(d)) & (epoch > 0)
+        if lane.any():
+            at = np.minimum(epoch[lane], len(marks)) - 1
+            keep[np.flatnonzero(lane)] = (epoch[lane] > len(marks)) | (offset[lane] < marks[at])
+    if not keep.all():
+        events = [e for e, k in zip(events, keep.tolist(), strict=True) if k]
+        epoch, q, offset = epoch[keep], q[keep], offset[keep]
+        domains, batches = domains[keep], batches[keep]
+        n = len(events)
+    if not n:
+        return None
+    nothing_bin = pa.nulls(n, pa.binary())
+    nothing_int = pa.nulls(n, pa.int64())
+    return pa.RecordBatch.from_arrays([
+        pa.array([KIND_EVENT] * n, pa.string()),
+        pa.array(domains.view(np.int64)), pa.array(batches.view(np.int64)),
+        pa.array([e[4] for e in events], pa.int64()),
+        pa.array(epoch, pa.int64(), mask=epoch < 0), pa.array(q, pa.int64(), mask=q < 0),
+        pa.array([e[5] for e in events], pa.string()),
+        pa.array([e[6] for e in events], pa.binary()),
+        pa.array([e[7] for e in events], pa.string()),
+        pa.array([e[8] for e in events], pa.binary()),
+        pa.array([e[9] for e in events], pa.binary()),
+        pa.array(offset), nothing_bin, *([nothing_int] * 8),
+    ], schema=EVENT_ROWS)
+
+
+def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets
+                ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            rows = batch.to_pylist()
+            events = [r for r in rows if r["kind"] == _EVENT]
+            if events:
+                found = _event_batch(_decode_events(events, encoding), index, markers)
+                if found is not None:
+                    yield found
+            for r in rows:
+                if r["kind"] == _CHUNK:
+                    chunk = _decode_chunk(r["partition"], r["offset"], r["snapshot"])
+                    if (chunk.domain_id, chunk.baseline_id, chunk.index) in index.chunks:
+                        yield _chunk_cells(chunk, r["offset"])
+
+    return run
+
+
+def _segment_batch(data: pa.Table) -> pa.RecordBatch:
+    """Segment rows (kind ``s``) of events sorted by (domain, batch, seq), holding whole
+    segments: repeated identities dropped, a conflicting copy marked."""
+    domain = data.column("domain").to_numpy()
+    batch = data.column("batch").to_numpy()
+    seq = data.column("seq").to_numpy()
+    same = np.concatenate(([False], (domain[1:] == domain[:-1]) & (batch[1:] == batch[:-1])
+                           & (seq[1:] == seq[:-1])))
+    conflicts: set[tuple[int, int, int]] = set()
+    if same.any():
+        content = ["table", "row", "column", "old", "new"]
+        for i in np.flatnonzero(same).tolist():
+            a = [data.column(c)[i].as_py() for c in content]
+            b = [data.column(c)[i - 1].as_py() for c in content]
+            if a != b:
+                conflicts.add((int(domain[i]), int(batch[i]), int(seq[i]) >> SEGMENT_BITS))
+        data = data.filter(pa.array(~same))
+        domain, batch, seq = domain[~same], batch[~same], seq[~same]
+    events = pa.RecordBatch.from_arrays([
+        pa.array(domain.view(np.uint64)), pa.array(batch.view(np.uint64)),
+        pa.array(seq.astype(np.uint32)),
+        *(data.column(c).combine_chunks().cast(EVENT_SCHEMA.field(c).type)
+          for c in ("table", "row", "column", "old", "new")),
+    ], schema=EVENT_SCHEMA)
+    starts, digests = segment_digest_array(events)
+    m = len(starts)
+    found = np.frombuffer(digests, dtype=np.uint8).reshape(m, 32)
+    seg_domain, seg_batch = domain[starts], batch[starts]
+    seg_seq = seq[starts] >> SEGMENT_BITS
+    digest_list = [bytes(row) for row in found]
+    epoch = data.column("epoch").to_numpy(zero_copy_only=False)[starts]
+    q = data.column("q").to_numpy(zero_copy_only=False)[starts]
+    offset = data.column("offset").to_numpy()[starts]
+    extra = [k for k in range(m)
+             if (int(seg_domain[k]), int(seg_batch[k]), int(seg_seq[k])) in conflicts]
+    take = np.concatenate((np.arange(m), np.array(extra, dtype=np.int64)))
+    digest_list += [_CONFLICT] * len(extra)
+    lanes = np.frombuffer(b"".join(digest_list), dtype="<u4").reshape(len(take), 8)
+    total = len(take)
+    nothing_str = pa.nulls(total, pa.string())
+    nothing_bin = pa.nulls(total, pa.binary())
+    return pa.RecordBatch.from_arrays([
+        pa.array([KIND_SEGMENT] * total, pa.string()),
+        pa.array(seg_domain[take]), pa.array(seg_batch[take]),
+        pa.array(seg_seq[take].astype(np.int64)),
+        pa.array(epoch[take].astype(np.int64)), pa.array(q[take].astype(np.int64)),
+        nothing_str, nothing_bin, nothing_str, nothing_bin, nothing_bin,
+        pa.array(offset[take]), pa.array(digest_list, pa.binary()),
+        *(pa.array(lanes[:, i].astype(np.int64)) for i in range(8)),
+    ], schema=EVENT_ROWS)
+
+
+def _segment_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor side: events arrive clustered by (domain, batch) and sorted by seq; a
+    segment may straddle two Arrow batches, so the last one waits for the next batch."""
+    carry: pa.Table | None = None
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        if carry is not None:
+            table = pa.concat_tables([carry, table])
+        n = table.num_rows
+        if not n:
+            continue
+        domain = table.column("domain").to_numpy()
+        b = table.column("batch").to_numpy()
+        s = table.column("seq").to_numpy() >> SEGMENT_BITS
+        change = np.flatnonzero((domain[1:] != domain[:-1]) | (b[1:] != b[:-1])
+                                | (s[1:] != s[:-1])) + 1
+        cut = int(change[-1]) if len(change) else 0
+        carry = table.slice(cut)
+        if cut:
+            yield _segment_batch(table.slice(0, cut))
+    if carry is not None and carry.num_rows:
+        yield _segment_batch(carry)
+
+
+def kafka_rows(spark: SparkSession, topic: KafkaTopic, index: EpochIndex,
+               markers: MarkerOffsets) -> tuple[DataFrame, Callable[[DataFrame], DataFrame]]:
+    """Pass 2: the events and accepted chunks' cells as EVENT_ROWS, and the function
+    that adds their segments (to call once the events are persisted)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(EVENT_ROWS)
+    frame = topic.frame(spark).filter(F.col("kind").isin(_EVENT, _CHUNK)).select(
+        "partition", "offset", "kind", "value", "snapshot")
+    rows = frame.mapInArrow(_event_rows(topic.encoding, index, markers), schema)
+
+    def with_segments(events: DataFrame) -> DataFrame:
+        placed = events.filter((F.col("kind") == F.lit(KIND_EVENT)) & F.col("q").isNotNull())
+        segments = (placed.repartition("domain", "batch")
+                    .sortWithinPartitions("domain", "batch", "seq")
+                    .mapInArrow(_segment_rows, schema))
+        return events.unionByName(segments)
+
+    return rows, with_segments
