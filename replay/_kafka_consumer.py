@@ -327,6 +327,12 @@ class KafkaConsistentConsumer:
             out[p] = high
         return out
 
+    @property
+    def failure(self) -> InconsistentLog | KafkaSinkError | None:
+        """The fault met after the changesets the last poll returned: the next poll
+        raises it."""
+        return self._failure
+
     def reached(self, offsets: Mapping[int, int]) -> bool:
         """True once every partition was read up to ``offsets``."""
         read = self.log.read_offsets()
@@ -410,7 +416,8 @@ def consume_consistent(
                     consumer.commit(changeset)
             if taken % commit_every:
                 consumer.commit()
-            if end is not None and consumer.reached(end):
+            # A fault held behind the last changesets is raised by the next poll.
+            if end is not None and consumer.reached(end) and consumer.failure is None:
                 return
     finally:
         consumer.close()
@@ -443,7 +450,8 @@ async def aconsume_consistent(
                     await asyncio.to_thread(consumer.commit, changeset)
             if taken % commit_every:
                 await asyncio.to_thread(consumer.commit)
-            if end is not None and consumer.reached(end):
+            # A fault held behind the last changesets is raised by the next poll.
+            if end is not None and consumer.reached(end) and consumer.failure is None:
                 return
     finally:
         consumer.close()

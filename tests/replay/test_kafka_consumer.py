@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from replay import Frontier, InconsistentLog, Position
+from replay import Frontier, InconsistentLog, Position, _kafka_consumer
 from replay._kafka_consumer import KafkaConsistentConsumer, furthest
-from replay.kafka import KafkaLog
+from replay.kafka import KafkaLog, aconsume_consistent, consume_consistent
 from sinks.codec import decode_native_event as decode_event
 from tests.sinks.kafka._simulate import Run, captured_run, simulate_topic
 
@@ -86,20 +86,26 @@ def run() -> Run:
     return captured_run(seed=21, threads=2, batches=60)
 
 
-def test_a_poll_that_meets_damage_hands_out_the_good_changesets_first(run: Run) -> None:
-    """One poll reads past good epochs into an altered event: it returns the changesets
-    before the damage; the next poll raises InconsistentLog (issue 10 item 8)."""
+def _damaged(run: Run) -> list[_Message]:
+    """The run's topic (2 partitions, in order) with an event late in partition 0
+    altered: its epoch's setsum no longer matches."""
     topic = simulate_topic(run.items, 2, "native")
     messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
                 for i, (k, v, h) in enumerate(msgs)]
     random.Random(3).shuffle(messages)
     messages.sort(key=lambda m: (m.offset_ * 2 + m.partition_))  # both partitions in order
-    # Alter an event late in partition 0: its epoch's setsum no longer matches.
     events = [m for m in messages if m.partition_ == 0 and m.headers_ is None
               and len(decode_event(m.value_ or b"").new) > 2]
     victim = events[-3]
     value = victim.value_ or b""
     victim.value_ = value[:-1] + bytes([value[-1] ^ 1])
+    return messages
+
+
+def test_a_poll_that_meets_damage_hands_out_the_good_changesets_first(run: Run) -> None:
+    """One poll reads past good epochs into an altered event: it returns the changesets
+    before the damage; the next poll raises InconsistentLog (issue 10 item 8)."""
+    messages = _damaged(run)
     clean = KafkaLog(2)
     want = []
     for m in messages:
@@ -115,6 +121,40 @@ def test_a_poll_that_meets_damage_hands_out_the_good_changesets_first(run: Run) 
         consumer.poll(0)
     with pytest.raises(InconsistentLog, match="setsum"):
         consumer.poll(0)  # stays failed: nothing after the damage can be verified
+
+
+def _consumer_to_the_end(messages: list[_Message], monkeypatch: pytest.MonkeyPatch
+                         ) -> KafkaConsistentConsumer:
+    """``consume_consistent``'s consumer: the fake one, with the topic's end offsets."""
+    consumer = _consumer(messages, 2)
+    ends = {p: 1 + max(m.offset_ for m in messages if m.partition_ == p) for p in (0, 1)}
+    monkeypatch.setattr(consumer, "end_offsets", lambda: ends)
+    monkeypatch.setattr(consumer, "commit", lambda *_: None)
+    monkeypatch.setattr(consumer, "close", lambda: None)
+    monkeypatch.setattr(_kafka_consumer, "KafkaConsistentConsumer", lambda *_, **__: consumer)
+    return consumer
+
+
+def test_until_end_raises_a_fault_met_after_the_last_changesets(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The poll that reads the end of the topic meets the damage after good changesets:
+    ``until_end`` must not stop as if the topic were clean (it used to)."""
+    _consumer_to_the_end(_damaged(run), monkeypatch)
+    got = []
+    with pytest.raises(InconsistentLog, match="setsum"):
+        for changeset in consume_consistent("b", "t", group_id="g", until_end=True):
+            got.append(changeset)
+    assert got, "the changesets before the damage are handed out first"
+
+
+async def test_async_until_end_raises_a_fault_met_after_the_last_changesets(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    _consumer_to_the_end(_damaged(run), monkeypatch)
+    got = []
+    with pytest.raises(InconsistentLog, match="setsum"):
+        async for changeset in aconsume_consistent("b", "t", group_id="g", until_end=True):
+            got.append(changeset)
+    assert got
 
 
 class _PausingConsumer(_FakeConsumer):
