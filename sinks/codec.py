@@ -810,11 +810,12 @@ def encode_native_events(data: pa.RecordBatch) -> list[bytes]:
     return values
 
 
-def decode_native_event(value: bytes) -> RawEvent:
-    """Parse one native event message, checking magic, version and lengths."""
+def _native_head(value: bytes) -> tuple[int, ...]:
+    """The head fields ``(domain, batch, seq, table, column, row, old and new lengths)``
+    of a native event message, after checking its magic, version and that its lengths
+    add up to the message."""
     try:
-        magic, version, domain, batch, seq, tl, cl, rl, ol, nl = _NATIVE_HEAD.unpack_from(
-            value, 0)
+        magic, version, *fields = _NATIVE_HEAD.unpack_from(value, 0)
     except struct.error as exc:
         raise CodecError(f"native event message too short ({len(value)} bytes)") from exc
     if magic != NATIVE_MAGIC:
@@ -822,11 +823,18 @@ def decode_native_event(value: bytes) -> RawEvent:
     if version != NATIVE_VERSION:
         raise CodecError(f"native event format version {version}; this reader knows "
                          f"version {NATIVE_VERSION}")
+    size = _NATIVE_HEAD.size + sum(fields[3:])
+    if size != len(value):
+        raise CodecError(f"native event message truncated or padded ({len(value)} bytes, "
+                         f"its lengths say {size})")
+    return tuple(fields)
+
+
+def decode_native_event(value: bytes) -> RawEvent:
+    """Parse one native event message, checking magic, version and lengths."""
+    domain, batch, seq, tl, cl, rl, ol, _nl = _native_head(value)
     pos = _NATIVE_HEAD.size
     end = pos + tl + cl + rl + ol
-    if end + nl != len(value):
-        raise CodecError(f"native event message truncated or padded ({len(value)} bytes, "
-                         f"its lengths say {end + nl})")
     try:
         table = value[pos : pos + tl].decode()
         column = value[pos + tl : pos + tl + cl].decode()
@@ -852,19 +860,7 @@ def native_event_head(value: bytes) -> tuple[int, int, int]:
     """``(domain_id, batch_id, seq)`` of a native event message, after checking its
     magic, version and that its lengths add up (the names' UTF-8 is checked when the
     message is decoded: ``decode_native_event``, ``native_events_batch``)."""
-    try:
-        magic, version, domain, batch, seq, tl, cl, rl, ol, nl = _NATIVE_HEAD.unpack_from(
-            value, 0)
-    except struct.error as exc:
-        raise CodecError(f"native event message too short ({len(value)} bytes)") from exc
-    if magic != NATIVE_MAGIC:
-        raise CodecError(f"not a native event message (starts {bytes(value[:8])!r})")
-    if version != NATIVE_VERSION:
-        raise CodecError(f"native event format version {version}; this reader knows "
-                         f"version {NATIVE_VERSION}")
-    if _NATIVE_HEAD.size + tl + cl + rl + ol + nl != len(value):
-        raise CodecError(f"native event message truncated or padded ({len(value)} bytes, "
-                         f"its lengths say {_NATIVE_HEAD.size + tl + cl + rl + ol + nl})")
+    domain, batch, seq, *_lengths = _native_head(value)
     return domain, batch, seq
 
 
