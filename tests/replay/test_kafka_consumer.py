@@ -180,18 +180,26 @@ class _PausingConsumer(_FakeConsumer):
         self.calls.append(("resume", sorted(tp.partition for tp in partitions)))
 
 
-def test_partitions_far_ahead_are_paused_until_the_others_catch_up(run: Run) -> None:
-    """librdkafka hands partition 0 over whole first: once too many epochs wait, it is
-    paused; partition 1 catches up, partition 0 resumes; every changeset comes out."""
+def _partition_0_first(run: Run
+                       ) -> tuple[KafkaConsistentConsumer, _PausingConsumer, list[_Message]]:
+    """A consumer whose librdkafka hands over all of partition 0 first, and pauses."""
     import confluent_kafka
 
     topic = simulate_topic(run.items, 2, "native")
     messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
-                for i, (k, v, h) in enumerate(msgs)]  # all of partition 0 first
+                for i, (k, v, h) in enumerate(msgs)]
     consumer = _consumer(messages, 2)
-    fake = consumer._consumer = _PausingConsumer(messages)  # type: ignore[assignment]
+    fake = _PausingConsumer(messages)
+    consumer._consumer = fake  # type: ignore[assignment]
     consumer._ck = confluent_kafka
     consumer.partitions = 2
+    return consumer, fake, list(messages)
+
+
+def test_partitions_far_ahead_are_paused_until_the_others_catch_up(run: Run) -> None:
+    """librdkafka hands partition 0 over whole first: once too many epochs wait, it is
+    paused; partition 1 catches up, partition 0 resumes; every changeset comes out."""
+    consumer, fake, messages = _partition_0_first(run)
     consumer.max_waiting_epochs = 20
     got = []
     most_waiting = 0
@@ -240,15 +248,7 @@ def test_a_paused_partition_is_resumed_once_it_holds_the_cut_back(run: Run) -> N
 def test_a_bound_on_waiting_events_pauses_too(run: Run) -> None:
     """With no bound on epochs, a bound on the events they hold pauses the partition
     ahead as well (what is held is what costs memory); every changeset comes out."""
-    import confluent_kafka
-
-    topic = simulate_topic(run.items, 2, "native")
-    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
-                for i, (k, v, h) in enumerate(msgs)]  # all of partition 0 first
-    consumer = _consumer(messages, 2)
-    fake = consumer._consumer = _PausingConsumer(messages)  # type: ignore[assignment]
-    consumer._ck = confluent_kafka
-    consumer.partitions = 2
+    consumer, fake, messages = _partition_0_first(run)
     consumer.max_waiting_events = 30
     got = []
     most = 0
