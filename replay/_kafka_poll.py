@@ -1,0 +1,355 @@
+"""A whole poll of a native topic fed to ``KafkaLog`` at once: markers as columns.
+
+With small write batches most messages are epoch markers (every epoch record goes to
+every partition), and handling each one on its own (decoding it, checking the
+partition's sequence and count, collecting the epoch) cost 10 to 15 us of Python. Here
+a poll's messages are planned together: the event heads read, the markers' partition
+records compared with their whole records' bytes as one numpy array (the usual marker
+is its epoch's empty share), each partition's epochs checked to follow one another and
+its events assigned to its markers by one ``searchsorted`` over the epochs' ends.
+
+The plan is a pure function of the log's state and the poll: it changes nothing. It
+only covers the regular case, where its outcome is provably the one-message-at-a-time
+path's (``KafkaLog.feed`` in order): one domain, native events and markers as the sink
+writes them, every partition's epoch sequence known and followed, no duplicate, no
+event a marker before it already covers, every count right. Anything else (a first
+marker, damage, a copy, a baseline chunk) makes ``plan_poll`` return None and the
+caller feeds the poll message by message, which names the fault exactly. Per-table
+counts and setsums are checked at ``drain`` either way (``replay._kafka_shares``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from replay._errors import InconsistentLog
+from sequencer import EpochRecord
+from sinks.codec import (
+    HEADER_PARTITION,
+    HEADER_WHOLE,
+    CodecError,
+    decode,
+    native_event_head,
+)
+from sinks.codec import (
+    NATIVE_MAGIC as EVENT_MAGIC,
+)
+
+if TYPE_CHECKING:
+    from replay._kafka_log import KafkaLog
+
+__all__ = ["Entry", "PollPlan", "apply_plan", "plan_poll"]
+
+# A message as the consumer hands it over: (partition, offset, key, value, headers);
+# an event message has headers None.
+Entry = tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]] | None]
+
+_RING: Final = 1 << 64
+_HALF: Final = np.uint64(1 << 63)
+# An EPOCH message (sinks.codec): magic, version, kind (5 bytes), domain, epoch, begin,
+# end (8 each), count u64, flags u8, stream u32, setsum 32 bytes, n_tables u16.
+_IDS_END: Final = 37
+_FLAGS_AT: Final = 45
+_HEAD_SIZE: Final = 84  # an empty share's whole message
+_EMPTY_SETSUMS: Final = ("", "0" * 64)
+
+
+@dataclass(slots=True)
+class _LanePlan:
+    """One partition's markers in the poll (one domain), in offset order."""
+
+    partition: int
+    markers: list[int]  # indexes into PollPlan.markers
+    events: list[int]  # indexes into PollPlan.events (the partition's, in order)
+    ends: list[int]  # the markers' epoch ends, relative to the lane's ring base
+    base: int
+
+
+@dataclass(slots=True)
+class PollPlan:
+    """What ``apply_plan`` does to the log: checked, nothing changed yet."""
+
+    domain: int
+    events: list[tuple[int, int, bytes, int, int]]  # partition, offset, value, batch, seq
+    markers: list[tuple[int, int]]  # partition, offset
+    wholes: list[EpochRecord]  # per marker
+    raw_wholes: list[bytes]
+    parts: list[EpochRecord | None]  # per marker; None: its epoch's empty share
+    lanes: list[_LanePlan]
+    last_offsets: dict[int, int]
+
+
+def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
+    """The plan of feeding ``entries`` (one poll, in order), or None where only the
+    message-at-a-time path can say what happens."""
+    if log._chunks or not log._defer or log.encoding != "native":
+        return None  # baseline chunks feed the assembler mid-poll; streaming mode verifies
+    markers: list[Any] = [e for e in entries if e[4] is not None]
+    if not markers:
+        return None  # only events: nothing to gain
+    if any([v is not None and v[:3] == EVENT_MAGIC for _p, _o, _k, v, _h in markers]):
+        return None  # an event with headers: feed() takes it as an event
+    events_in: list[Any] = [e for e in entries if e[4] is None]
+    try:
+        heads = [native_event_head(e[3]) for e in events_in]
+        # The markers' two headers, as the sink writes them (else: the slow path).
+        raw_parts: list[Any] = [h[0][1] for _p, _o, _k, _v, h in markers
+                                if len(h) == 2 and h[0][0] == HEADER_PARTITION
+                                and h[1][0] == HEADER_WHOLE]
+        raw_wholes: list[Any] = [h[1][1] for _p, _o, _k, _v, h in markers]
+    except (CodecError, TypeError, IndexError):
+        return None
+    if len(raw_parts) != len(markers) or not all(
+            [type(r) is bytes for r in raw_parts] + [type(r) is bytes for r in raw_wholes]):
+        return None
+    wholes = _wholes(log, raw_wholes)
+    if wholes is None:
+        return None
+    domain = wholes[0].domain_id
+    if any([w.domain_id != domain for w in wholes] + [h[0] != domain for h in heads]):
+        return None
+    partitions: list[int] = [m[0] for m in markers]
+    parts = _parts(raw_parts, raw_wholes, wholes, partitions)
+    if parts is None:
+        return None
+    events = [(e[0], e[1], e[3], h[1], h[2]) for e, h in zip(events_in, heads, strict=True)]
+    if not _events_ok(log, domain, events):
+        return None
+    by_partition: dict[int, tuple[list[int], list[int]]] = {}
+    for i, p in enumerate(partitions):
+        by_partition.setdefault(p, ([], []))[0].append(i)
+    for j, (p, *_rest) in enumerate(events):
+        if p in by_partition:
+            by_partition[p][1].append(j)
+    fed = log._fed.get(domain)
+    lanes = []
+    for p, (mine, theirs) in by_partition.items():
+        lane = log._lanes[p].get(domain)
+        if lane is None or lane.next_epoch is None:
+            return None  # the partition's first marker: its expected epoch is worked out there
+        seqs = [wholes[i].epoch_seq for i in mine]
+        if seqs != list(range(lane.next_epoch, lane.next_epoch + len(seqs))):
+            return None  # a gap, a copy or an applied epoch
+        if fed is not None and seqs[0] <= fed:
+            return None
+        planned = _lane_plan(lane, p, mine, theirs, markers, wholes, parts, events)
+        if planned is None:
+            return None
+        lanes.append(planned)
+    if not _epochs_ok(log, domain, wholes, raw_wholes, parts, partitions):
+        return None
+    last: dict[int, int] = {}
+    for p, o, *_rest in entries:
+        last[p] = o
+    return PollPlan(domain, events, [(m[0], m[1]) for m in markers], wholes, raw_wholes,
+                    parts, lanes, last)
+
+
+def _wholes(log: KafkaLog, raw_wholes: list[bytes]) -> list[EpochRecord] | None:
+    """The markers' whole records, each distinct one decoded once (and kept)."""
+    known = log._wholes
+    for raw in dict.fromkeys(raw_wholes):
+        if raw not in known:
+            try:
+                record = decode(raw)
+            except CodecError:
+                return None
+            if not isinstance(record, EpochRecord):
+                return None
+            if len(known) >= 4096:
+                known.clear()
+            known[raw] = record
+    try:
+        return [known[raw] for raw in raw_wholes]
+    except KeyError:  # cleared above while filling: rare, let the slow path do it
+        return None
+
+
+def _parts(raw_parts: list[bytes], raw_wholes: list[bytes], wholes: list[EpochRecord],
+           partitions: list[int]) -> list[EpochRecord | None] | None:
+    """Each marker's partition record: None where it is exactly its epoch's empty share
+    for its partition (checked on all markers at once), else decoded and matched."""
+    n = len(raw_parts)
+    sizes = np.fromiter(map(len, raw_parts), dtype=np.int64, count=n)
+    empty = np.zeros(n, dtype=bool)
+    short = np.flatnonzero(sizes == _HEAD_SIZE)
+    if len(short):
+        part = np.frombuffer(b"".join([raw_parts[i] for i in short.tolist()]),
+                             dtype=np.uint8).reshape(-1, _HEAD_SIZE)
+        if min(map(len, raw_wholes)) < _FLAGS_AT + 1:
+            return None
+        whole = np.frombuffer(b"".join([raw_wholes[i][:_FLAGS_AT + 1]
+                                        for i in short.tolist()]),
+                              dtype=np.uint8).reshape(-1, _FLAGS_AT + 1)
+        stream = np.array([partitions[i] for i in short.tolist()], dtype=">u4")
+        ok = (part[:, :_IDS_END] == whole[:, :_IDS_END]).all(axis=1)
+        ok &= ~part[:, _IDS_END:_FLAGS_AT].any(axis=1)  # count 0
+        ok &= part[:, _FLAGS_AT] == ((whole[:, _FLAGS_AT] & 1) | 2)
+        ok &= (part[:, _FLAGS_AT + 1:_FLAGS_AT + 5]
+               == stream.view(np.uint8).reshape(-1, 4)).all(axis=1)
+        ok &= ~part[:, _FLAGS_AT + 5:].any(axis=1)  # zero setsum, no table
+        empty[short[ok]] = True
+    out: list[EpochRecord | None] = [None] * n
+    for i in np.flatnonzero(~empty).tolist():
+        try:
+            record = decode(raw_parts[i])
+        except CodecError:
+            return None
+        whole_record = wholes[i]
+        if not isinstance(record, EpochRecord) or (
+                record.domain_id, record.epoch_seq, record.begin_id, record.end_id,
+                record.quiescent, record.stream) != (
+                whole_record.domain_id, whole_record.epoch_seq, whole_record.begin_id,
+                whole_record.end_id, whole_record.quiescent, partitions[i]):
+            return None
+        if record.event_count == 0 and (record.table_counts
+                                        or record.setsum not in _EMPTY_SETSUMS):
+            return None
+        out[i] = record
+    return out
+
+
+def _events_ok(log: KafkaLog, domain: int,
+               events: list[tuple[int, int, bytes, int, int]]) -> bool:
+    """No event is a copy (of one applied, vouched for, waiting, or in this poll)."""
+    if not events:
+        return True
+    if len({(p, b, s) for p, _o, _v, b, s in events}) != len(events):
+        return False
+    batches = np.array([b for _p, _o, _v, b, _s in events], dtype=np.uint64)
+    applied_end = log._applied_end.get(domain)
+    if applied_end is not None and _before(batches, applied_end).any():
+        return False
+    lanes = log._lanes
+    for p, _o, _v, b, s in events:
+        lane = lanes[p].get(domain)
+        if lane is None:
+            continue
+        if lane.verified_end is not None and 0 < (lane.verified_end - b) % _RING < 1 << 63:
+            return False
+        held = lane.pending._batches.get(b)
+        if held is not None and s in held:
+            return False
+    return True
+
+
+def _before(ids: np.ndarray, end: int) -> np.ndarray:
+    """Which ids come before ``end`` on the id ring (``sequencer.id_lt``, vectorised)."""
+    gap = np.uint64(end) - ids  # wraps modulo 2^64, as the ring does
+    return (gap > 0) & (gap < _HALF)
+
+
+def _lane_plan(lane: object, partition: int, mine: list[int], theirs: list[int],
+               markers: list[Entry], wholes: list[EpochRecord],
+               parts: list[EpochRecord | None],
+               events: list[tuple[int, int, bytes, int, int]]) -> _LanePlan | None:
+    """Check one partition's markers against its events: each marker covers exactly the
+    events its count says, and no event of the poll comes after a marker covering it."""
+    pending = lane.pending  # type: ignore[attr-defined]
+    base = pending._base
+    if base is None:  # set by the lane's first event, as _PendingBatches.add does
+        first = events[theirs[0]][3] if theirs else wholes[mine[0]].end_id
+        base = (first - (1 << 63)) % _RING
+    ends = [(wholes[i].end_id - base) % _RING for i in mine]
+    if any(b <= a for a, b in itertools.pairwise(ends)):
+        return None
+    counts = [0] * (len(mine) + 1)
+    for batch_id, held in pending._batches.items():
+        counts[bisect.bisect_right(ends, (batch_id - base) % _RING)] += len(held)
+    offsets = [markers[i][1] for i in mine]
+    for j in theirs:
+        _p, offset, _v, batch_id, _s = events[j]
+        k = bisect.bisect_right(ends, (batch_id - base) % _RING)
+        if k < bisect.bisect_left(offsets, offset):
+            return None  # a marker before it already covers it: the slow path drops it
+        counts[k] += 1
+    for k, i in enumerate(mine):
+        part = parts[i]
+        if counts[k] != (0 if part is None else part.event_count):
+            return None
+    return _LanePlan(partition, mine, theirs, ends, base)
+
+
+def _epochs_ok(log: KafkaLog, domain: int, wholes: list[EpochRecord], raw_wholes: list[bytes],
+               parts: list[EpochRecord | None], partitions: list[int]) -> bool:
+    """Partitions agree on each epoch's record, and every epoch this poll completes
+    holds its record's count of events."""
+    seen: dict[int, tuple[bytes, EpochRecord, int, int]] = {}
+    for i, whole in enumerate(wholes):
+        seq = whole.epoch_seq
+        part = parts[i]
+        count = part.event_count if part is not None else 0
+        held = seen.get(seq)
+        if held is None:
+            epoch = log._epochs.get((domain, seq))
+            if epoch is None:
+                seen[seq] = (raw_wholes[i], whole, 1, count)
+            else:
+                if epoch.raw_whole != raw_wholes[i] and epoch.whole != whole:
+                    return False
+                seen[seq] = (epoch.raw_whole, epoch.whole, len(epoch.vouched) + 1,
+                             epoch.counted + count)
+        else:
+            raw, record, vouched, counted = held
+            if raw != raw_wholes[i] and record != whole:
+                return False
+            seen[seq] = (raw, record, vouched + 1, counted + count)
+    for _raw, record, vouched, counted in seen.values():
+        if vouched >= log.partitions and counted != record.event_count:
+            return False
+    return True
+
+
+def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
+    """Do what ``plan`` says: the same state as feeding its messages one at a time."""
+    from replay._kafka_log import _Epoch
+
+    domain = plan.domain
+    lanes = log._lanes
+    for lp in plan.lanes:  # the ring base the plan's ends are relative to
+        pending = lanes[lp.partition][domain].pending
+        if pending._base is None:
+            pending._base = lp.base
+    opened: dict[int, list[tuple[int, int, int, bool]]] = {}
+    for p, offset, value, batch_id, seq in plan.events:
+        lane = lanes[p].get(domain) or log._lane(p, domain)
+        lane.pending.add(batch_id, seq, value)
+        opened.setdefault(p, []).append((offset, domain, batch_id, False))
+    shares: list[list[bytes]] = [[] for _ in plan.markers]
+    for lp in plan.lanes:
+        lane = lanes[lp.partition][domain]
+        for k, values in enumerate(lane.pending.take_runs(lp.ends)):
+            shares[lp.markers[k]] = values
+        last = plan.wholes[lp.markers[-1]]
+        lane.next_epoch = last.epoch_seq + 1
+        lane.verified_end = last.end_id
+    epochs = log._epochs
+    for i, (p, offset) in enumerate(plan.markers):
+        whole = plan.wholes[i]
+        key = (domain, whole.epoch_seq)
+        epoch = epochs.get(key)
+        if epoch is None:
+            epoch = epochs[key] = _Epoch(whole, plan.raw_wholes[i])
+            if whole.begin_id == 0:
+                log._first.setdefault(domain, key)
+        part = plan.parts[i]
+        if part is not None:
+            if shares[i]:
+                epoch.shares.append((p, part, shares[i]))
+            epoch.counted += part.event_count
+            log._held += part.event_count
+        epoch.vouched.add(p)
+        opened.setdefault(p, []).append((offset, domain, whole.epoch_seq, True))
+    for p, entries in opened.items():
+        entries.sort()
+        log._open[p].extend(entries)
+    for p, offset in plan.last_offsets.items():
+        log._next_offset[p] = offset + 1
+    if log._feed_complete(domain):  # pragma: no cover - bulk mode queues, returns nothing
+        raise InconsistentLog("a planned poll handed out changesets before its drain")

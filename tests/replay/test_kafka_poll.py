@@ -1,0 +1,118 @@
+"""A poll planned as a whole (markers as columns, replay._kafka_poll) against the same
+poll fed message by message: on random logs, clean or damaged, and random poll sizes,
+the same changesets and the same error after them."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import replay._kafka_log as kafka_log
+from agent import Agent, MemoryStore
+from replay import InconsistentLog
+from sinks import RecordingSink
+from tests.replay.test_kafka_consumer import _consumer, _FakeConsumer, _Message
+from tests.replay.test_kafka_log import _damaged_topic
+from tests.sinks.kafka._simulate import captured_run, simulate_topic
+
+_RUNS: dict[int, list[Any]] = {}
+_KINDS = ["clean", "drop event", "alter event", "drop marker", "forge partition setsum",
+          "forge partition count", "forge partition tables", "forge whole count",
+          "duplicate", "forge partition quiescent", "forge partition stream", "late event"]
+
+
+def _items(batch: int) -> list[Any]:
+    """A random workload of 2 writers (``batch`` 0), or 300 single-event write batches
+    (``batch`` 1: an epoch per event, most messages markers)."""
+    if batch not in _RUNS:
+        if batch:
+            sink = RecordingSink()
+            with Agent(MemoryStore(), sink) as agent:
+                for i in range(300):
+                    with agent.batch():
+                        agent.set("t", i % 40, f"c{i % 3}", i)
+            _RUNS[batch] = sink.items
+        else:
+            _RUNS[batch] = captured_run(seed=31, threads=2, batches=100).items
+    return _RUNS[batch]
+
+
+class _PollSizes(_FakeConsumer):
+    """librdkafka's hand-over: polls of random sizes."""
+
+    def __init__(self, messages: list[_Message], rng: random.Random) -> None:
+        super().__init__(messages)
+        self.rng = rng
+
+    def consume(self, limit: int, timeout: float) -> list[_Message]:
+        return super().consume(min(limit, self.rng.choice([1, 3, 20, 90, 150])), timeout)
+
+
+def _interleaved(topic: list[list[Any]], rng: random.Random) -> list[_Message]:
+    """Each partition in order, partitions interleaved in runs of random length."""
+    nxt = [0] * len(topic)
+    out = []
+    while True:
+        open_parts = [p for p, msgs in enumerate(topic) if nxt[p] < len(msgs)]
+        if not open_parts:
+            return out
+        p = rng.choice(open_parts)
+        for _ in range(rng.choice([1, 5, 40, 300])):
+            if nxt[p] < len(topic[p]):
+                out.append(_Message(p, nxt[p], *topic[p][nxt[p]]))
+                nxt[p] += 1
+
+
+def _drive(messages: list[_Message], partitions: int, seed: int
+           ) -> tuple[list[Any], str | None]:
+    """Poll a fake consumer to the end: the changesets, then the error (if any)."""
+    consumer = _consumer(list(messages), partitions)
+    fake = consumer._consumer = _PollSizes(list(messages),  # type: ignore[assignment]
+                                           random.Random(seed))
+    got: list[Any] = []
+    try:
+        while fake.messages:
+            got += consumer.poll(0)
+        got += consumer.poll(0)
+    except InconsistentLog as exc:
+        return [(c.epoch_seq, c._changes) for c in got], f"{exc} {exc.__dict__}"
+    return [(c.epoch_seq, c._changes) for c in got], None
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.sampled_from([0, 1]), partitions=st.sampled_from([1, 3]),
+       seed=st.integers(0, 2**16))
+def test_planned_polls_equal_message_by_message(kind: str, batch: int, partitions: int,
+                                                seed: int) -> None:
+    """Each kind of damage (or none), at random places, on random interleavings and
+    poll sizes: planned polls hand out what message-by-message polls do, then raise
+    the same error (named alike), or none; a clean log takes the planned path."""
+    rng = random.Random(seed)
+    topic = simulate_topic(_items(batch), partitions, "native")
+    if kind != "clean":
+        if partitions == 1 and kind == "drop marker":
+            kind = "drop event"  # _damaged_topic keeps a partition's last three markers
+        topic = _damaged_topic(topic, kind, rng)
+    messages = _interleaved(topic, rng)
+    planned = 0
+    apply_plan = kafka_log.apply_plan
+
+    def counting(*args: Any) -> None:
+        nonlocal planned
+        planned += 1
+        apply_plan(*args)
+
+    with mock.patch.object(kafka_log, "apply_plan", counting):
+        fast = _drive(messages, partitions, seed)
+    with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
+        reference = _drive(messages, partitions, seed)
+    assert fast == reference
+    if kind == "clean":
+        assert fast[1] is None and fast[0]
+        assert planned, "no poll took the planned path"
