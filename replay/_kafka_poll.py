@@ -33,18 +33,19 @@ from sequencer import EpochRecord
 from sinks.codec import (
     HEADER_PARTITION,
     HEADER_WHOLE,
+    KIND_EPOCH,
+    MAGIC,
+    READABLE_VERSIONS,
     CodecError,
     decode,
     native_event_head,
 )
-from sinks.codec import (
-    NATIVE_MAGIC as EVENT_MAGIC,
-)
+from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
 
 if TYPE_CHECKING:
     from replay._kafka_log import KafkaLog
 
-__all__ = ["Entry", "PollPlan", "apply_plan", "plan_poll"]
+__all__ = ["Entry", "PollPlan", "apply_plan", "decode_epoch_messages", "plan_poll"]
 
 # A message as the consumer hands it over: (partition, offset, key, value, headers);
 # an event message has headers None.
@@ -154,21 +155,81 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
 def _wholes(log: KafkaLog, raw_wholes: list[bytes]) -> list[EpochRecord] | None:
     """The markers' whole records, each distinct one decoded once (and kept)."""
     known = log._wholes
-    for raw in dict.fromkeys(raw_wholes):
-        if raw not in known:
-            try:
-                record = decode(raw)
-            except CodecError:
-                return None
-            if not isinstance(record, EpochRecord):
-                return None
-            if len(known) >= 4096:
-                known.clear()
-            known[raw] = record
+    new = [raw for raw in dict.fromkeys(raw_wholes) if raw not in known]
+    if new:
+        records = decode_epoch_messages(new)
+        if records is None:
+            return None
+        if len(known) + len(new) > _MAX_WHOLES:
+            known.clear()  # epochs never completed here (copies): start again
+        known.update(zip(new, records, strict=True))
     try:
         return [known[raw] for raw in raw_wholes]
-    except KeyError:  # cleared above while filling: rare, let the slow path do it
+    except KeyError:  # more new ones in one poll than kept: let the slow path do it
         return None
+
+
+_EPOCH_HEAD: Final = np.dtype([
+    ("magic", "S3"), ("version", "u1"), ("kind", "u1"), ("domain", ">u8"), ("seq", ">u8"),
+    ("begin", ">u8"), ("end", ">u8"), ("count", ">u8"), ("flags", "u1"), ("stream", ">u4"),
+    ("setsum", "V32"), ("tables", ">u2")])
+_MAX_WHOLES: Final = 1 << 16
+_TABLES: dict[bytes, tuple[tuple[str, int], ...] | None] = {}  # an EPOCH message's tail
+
+
+def decode_epoch_messages(raws: list[bytes]) -> list[EpochRecord] | None:
+    """EPOCH messages (``sinks.codec``) decoded together: their fixed heads as one numpy
+    array, each distinct list of per-table counts parsed once. The records
+    ``sinks.codec.decode`` gives, or None if it would refuse any (or one is no EPOCH)."""
+    n = len(raws)
+    size = _EPOCH_HEAD.itemsize
+    if min(map(len, raws)) < size:
+        return None
+    heads = np.frombuffer(b"".join([raw[:size] for raw in raws]), dtype=_EPOCH_HEAD)
+    if not ((heads["magic"] == MAGIC).all() and (heads["kind"] == KIND_EPOCH).all()
+            and np.isin(heads["version"], READABLE_VERSIONS).all()):
+        return None
+    tables: list[tuple[tuple[str, int], ...]] = [()] * n
+    for i in np.flatnonzero(heads["tables"]).tolist():
+        tail = raws[i][size:]
+        parsed = _TABLES.get(tail, ...)
+        if parsed is ...:
+            if len(_TABLES) >= 4096:
+                _TABLES.clear()
+            parsed = _TABLES[tail] = _table_counts(tail, int(heads["tables"][i]))
+        if parsed is None or len(parsed) != heads["tables"][i]:
+            return None
+        tables[i] = parsed
+    if any([len(raw) != size for raw, t in zip(raws, tables, strict=True) if not t]):
+        return None  # trailing bytes after a head without tables
+    flags = heads["flags"].tolist()
+    streams = heads["stream"].tolist()
+    return [EpochRecord(domain, seq, begin, end, count, bool(flag & 1), table,
+                        raw[_FLAGS_AT + 5:_FLAGS_AT + 37].hex(),
+                        stream if flag & 2 else None)
+            for domain, seq, begin, end, count, flag, stream, table, raw in zip(
+                heads["domain"].tolist(), heads["seq"].tolist(), heads["begin"].tolist(),
+                heads["end"].tolist(), heads["count"].tolist(), flags, streams, tables, raws,
+                strict=True)]
+
+
+def _table_counts(tail: bytes, count: int) -> tuple[tuple[str, int], ...] | None:
+    """An EPOCH message's per-table counts (what follows its head), or None if they do
+    not parse exactly (as ``sinks.codec`` reads them)."""
+    out = []
+    pos = 0
+    try:
+        for _ in range(count):
+            length = int.from_bytes(tail[pos:pos + 2], "big")
+            if pos + 2 + length + 8 > len(tail):
+                return None
+            name = tail[pos + 2:pos + 2 + length].decode()
+            pos += 2 + length
+            out.append((name, int.from_bytes(tail[pos:pos + 8], "big")))
+            pos += 8
+    except UnicodeDecodeError:
+        return None
+    return tuple(out) if pos == len(tail) else None
 
 
 def _parts(raw_parts: list[bytes], raw_wholes: list[bytes], wholes: list[EpochRecord],
@@ -197,16 +258,26 @@ def _parts(raw_parts: list[bytes], raw_wholes: list[bytes], wholes: list[EpochRe
         empty[short[ok]] = True
     out: list[EpochRecord | None] = [None] * n
     for i in np.flatnonzero(~empty).tolist():
-        try:
-            record = decode(raw_parts[i])
-        except CodecError:
-            return None
-        whole_record = wholes[i]
+        raw, whole_raw, whole_record = raw_parts[i], raw_wholes[i], wholes[i]
+        if (len(raw) == len(whole_raw) and raw[_FLAGS_AT + 5:] == whole_raw[_FLAGS_AT + 5:]
+                and raw[:_FLAGS_AT] == whole_raw[:_FLAGS_AT]
+                and whole_raw[_FLAGS_AT] < 2 and raw[_FLAGS_AT] == whole_raw[_FLAGS_AT] | 2
+                and raw[_FLAGS_AT + 1:_FLAGS_AT + 5] == partitions[i].to_bytes(4, "big")):
+            # The whole epoch in this partition (the usual share of a small epoch): its
+            # count, tables and setsum are the whole record's, no need to decode them.
+            record: object = whole_record
+        else:
+            try:
+                record = decode(raw)
+            except CodecError:
+                return None
+            if isinstance(record, EpochRecord) and record.stream != partitions[i]:
+                return None
         if not isinstance(record, EpochRecord) or (
                 record.domain_id, record.epoch_seq, record.begin_id, record.end_id,
-                record.quiescent, record.stream) != (
+                record.quiescent) != (
                 whole_record.domain_id, whole_record.epoch_seq, whole_record.begin_id,
-                whole_record.end_id, whole_record.quiescent, partitions[i]):
+                whole_record.end_id, whole_record.quiescent):
             return None
         if record.event_count == 0 and (record.table_counts
                                         or record.setsum not in _EMPTY_SETSUMS):

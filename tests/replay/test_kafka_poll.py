@@ -116,3 +116,47 @@ def test_planned_polls_equal_message_by_message(kind: str, batch: int, partition
     if kind == "clean":
         assert fast[1] is None and fast[0]
         assert planned, "no poll took the planned path"
+
+
+_TABLE_NAMES = st.text(st.characters(codec="utf-8"), max_size=6)
+
+
+@st.composite
+def _epoch_messages(draw: st.DrawFn) -> bytes:
+    """An EPOCH message, then maybe cut, padded, or with some bytes changed."""
+    from sequencer import EpochRecord
+    from sinks.codec import encode_epoch
+
+    u64 = st.integers(0, 2**64 - 1)
+    raw = encode_epoch(EpochRecord(
+        draw(u64), draw(u64), draw(u64), draw(u64), draw(u64), draw(st.booleans()),
+        tuple(draw(st.lists(st.tuples(_TABLE_NAMES, u64), max_size=3))),
+        draw(st.sampled_from(["", "ab" * 32])), draw(st.none() | st.integers(0, 2**32 - 1))))
+    damage = draw(st.sampled_from(["none", "cut", "pad", "flip"]))
+    if damage == "cut":
+        raw = raw[:draw(st.integers(0, len(raw) - 1))]
+    elif damage == "pad":
+        raw += draw(st.binary(min_size=1, max_size=4))
+    elif damage == "flip":
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(raw) - 1))
+            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
+    return raw
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_epoch_messages(), min_size=1, max_size=4))
+def test_epoch_messages_decoded_together_as_one_by_one(raws: list[bytes]) -> None:
+    """The markers' whole records decoded in bulk: exactly sinks.codec.decode's
+    records, or None when decode refuses one of them (or one is no EPOCH)."""
+    from replay._kafka_poll import decode_epoch_messages
+    from sequencer import EpochRecord
+    from sinks.codec import CodecError, decode
+
+    try:
+        expected: list[Any] | None = [decode(raw) for raw in raws]
+    except CodecError:
+        expected = None
+    if expected is not None and not all(isinstance(r, EpochRecord) for r in expected):
+        expected = None
+    assert decode_epoch_messages(raws) == expected
