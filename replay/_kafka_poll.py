@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -52,6 +53,7 @@ __all__ = ["Entry", "PollPlan", "apply_plan", "decode_epoch_messages", "plan_pol
 Entry = tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]] | None]
 
 _RING: Final = 1 << 64
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _HALF: Final = np.uint64(1 << 63)
 # An EPOCH message (sinks.codec): magic, version, kind (5 bytes), domain, epoch, begin,
 # end (8 each), count u64, flags u8, stream u32, setsum 32 bytes, n_tables u16.
@@ -78,7 +80,8 @@ class PollPlan:
 
     domain: int
     events: list[tuple[int, int, bytes, int, int]]  # partition, offset, value, batch, seq
-    markers: list[tuple[int, int]]  # partition, offset
+    partitions: list[int]  # per marker
+    offsets: list[int]  # per marker
     wholes: list[EpochRecord]  # per marker
     raw_wholes: list[bytes]
     parts: list[EpochRecord | None]  # per marker; None: its epoch's empty share
@@ -122,15 +125,12 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
     events = [(e[0], e[1], e[3], h[1], h[2]) for e, h in zip(events_in, heads, strict=True)]
     if not _events_ok(log, domain, events):
         return None
-    by_partition: dict[int, tuple[list[int], list[int]]] = {}
-    for i, p in enumerate(partitions):
-        by_partition.setdefault(p, ([], []))[0].append(i)
-    for j, (p, *_rest) in enumerate(events):
-        if p in by_partition:
-            by_partition[p][1].append(j)
+    event_partitions = [e[0] for e in events]
     fed = log._fed.get(domain)
     lanes = []
-    for p, (mine, theirs) in by_partition.items():
+    for p in dict.fromkeys(partitions):
+        mine = [i for i, q in enumerate(partitions) if q == p]
+        theirs = [j for j, q in enumerate(event_partitions) if q == p]
         lane = log._lanes[p].get(domain)
         if lane is None or lane.next_epoch is None:
             return None  # the partition's first marker: its expected epoch is worked out there
@@ -145,10 +145,8 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
         lanes.append(planned)
     if not _epochs_ok(log, domain, wholes, raw_wholes, parts, partitions):
         return None
-    last: dict[int, int] = {}
-    for p, o, *_rest in entries:
-        last[p] = o
-    return PollPlan(domain, events, [(m[0], m[1]) for m in markers], wholes, raw_wholes,
+    last = dict(zip(map(_FIRST, entries), map(_SECOND, entries), strict=True))
+    return PollPlan(domain, events, partitions, [m[1] for m in markers], wholes, raw_wholes,
                     parts, lanes, last)
 
 
@@ -392,7 +390,7 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
         lane = lanes[p].get(domain) or log._lane(p, domain)
         lane.pending.add(batch_id, seq, value)
         opened.setdefault(p, []).append((offset, domain, batch_id, False))
-    shares: list[list[bytes]] = [[] for _ in plan.markers]
+    shares: list[list[bytes]] = [[] for _ in plan.offsets]
     for lp in plan.lanes:
         lane = lanes[lp.partition][domain]
         for k, values in enumerate(lane.pending.take_runs(lp.ends)):
@@ -400,23 +398,28 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
         last = plan.wholes[lp.markers[-1]]
         lane.next_epoch = last.epoch_seq + 1
         lane.verified_end = last.end_id
-    epochs = log._epochs
-    for i, (p, offset) in enumerate(plan.markers):
-        whole = plan.wholes[i]
-        key = (domain, whole.epoch_seq)
-        epoch = epochs.get(key)
+    epochs, get = log._epochs, log._epochs.get
+    seqs = [whole.epoch_seq for whole in plan.wholes]
+    held = 0
+    for p, whole, raw, part, share, seq in zip(plan.partitions, plan.wholes, plan.raw_wholes,
+                                               plan.parts, shares, seqs, strict=True):
+        key = (domain, seq)
+        epoch = get(key)
         if epoch is None:
-            epoch = epochs[key] = _Epoch(whole, plan.raw_wholes[i])
+            epoch = epochs[key] = _Epoch(whole, raw)
             if whole.begin_id == 0:
                 log._first.setdefault(domain, key)
-        part = plan.parts[i]
         if part is not None:
-            if shares[i]:
-                epoch.shares.append((p, part, shares[i]))
+            if share:
+                epoch.shares.append((p, part, share))
             epoch.counted += part.event_count
-            log._held += part.event_count
+            held += part.event_count
         epoch.vouched.add(p)
-        opened.setdefault(p, []).append((offset, domain, whole.epoch_seq, True))
+    log._held += held
+    for p in dict.fromkeys(plan.partitions):
+        opened.setdefault(p, []).extend([
+            (offset, domain, seq, True) for offset, seq, q in zip(
+                plan.offsets, seqs, plan.partitions, strict=True) if q == p])
     for p, entries in opened.items():
         entries.sort()
         log._open[p].extend(entries)
