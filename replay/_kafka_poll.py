@@ -53,7 +53,7 @@ __all__ = ["Entry", "PollPlan", "apply_plan", "decode_epoch_messages", "plan_pol
 Entry = tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]] | None]
 
 _RING: Final = 1 << 64
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_FIRST, _SECOND, _THIRD = map(operator.itemgetter, (0, 1, 2))
 _HALF: Final = np.uint64(1 << 63)
 # An EPOCH message (sinks.codec): magic, version, kind (5 bytes), domain, epoch, begin,
 # end (8 each), count u64, flags u8, stream u32, setsum 32 bytes, n_tables u16.
@@ -69,7 +69,6 @@ class _LanePlan:
 
     partition: int
     markers: list[int]  # indexes into PollPlan.markers
-    events: list[int]  # indexes into PollPlan.events (the partition's, in order)
     ends: list[int]  # the markers' epoch ends, relative to the lane's ring base
     base: int
 
@@ -79,7 +78,7 @@ class PollPlan:
     """What ``apply_plan`` does to the log: checked, nothing changed yet."""
 
     domain: int
-    events: list[tuple[int, int, bytes, int, int]]  # partition, offset, value, batch, seq
+    events: _Events
     partitions: list[int]  # per marker
     offsets: list[int]  # per marker
     wholes: list[EpochRecord]  # per marker
@@ -122,15 +121,14 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
     parts = _parts(raw_parts, raw_wholes, wholes, partitions)
     if parts is None:
         return None
-    events = [(e[0], e[1], e[3], h[1], h[2]) for e, h in zip(events_in, heads, strict=True)]
+    events = _Events(events_in, heads)
     if not _events_ok(log, domain, events):
         return None
-    event_partitions = [e[0] for e in events]
     fed = log._fed.get(domain)
     lanes = []
     for p in dict.fromkeys(partitions):
         mine = [i for i, q in enumerate(partitions) if q == p]
-        theirs = [j for j, q in enumerate(event_partitions) if q == p]
+        theirs = np.flatnonzero(events.partition == p)
         lane = log._lanes[p].get(domain)
         if lane is None or lane.next_epoch is None:
             return None  # the partition's first marker: its expected epoch is worked out there
@@ -284,27 +282,49 @@ def _parts(raw_parts: list[bytes], raw_wholes: list[bytes], wholes: list[EpochRe
     return out
 
 
-def _events_ok(log: KafkaLog, domain: int,
-               events: list[tuple[int, int, bytes, int, int]]) -> bool:
+class _Events:
+    """A poll's event messages as columns (their heads read)."""
+
+    __slots__ = ("batch", "offset", "partition", "seq", "values")
+
+    def __init__(self, entries: list[Any], heads: Sequence[tuple[int, ...]]) -> None:
+        n = len(entries)
+        self.values: list[bytes] = [e[3] for e in entries]
+        self.partition = np.fromiter(map(_FIRST, entries), dtype=np.int64, count=n)
+        self.offset = np.fromiter(map(_SECOND, entries), dtype=np.int64, count=n)
+        self.batch = np.fromiter(map(_SECOND, heads), dtype=np.uint64, count=n)
+        self.seq = np.fromiter(map(_THIRD, heads), dtype=np.int64, count=n)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _events_ok(log: KafkaLog, domain: int, events: _Events) -> bool:
     """No event is a copy (of one applied, vouched for, waiting, or in this poll)."""
-    if not events:
+    if not len(events):
         return True
-    if len({(p, b, s) for p, _o, _v, b, s in events}) != len(events):
+    order = np.lexsort((events.seq, events.batch, events.partition))
+    same = ((np.diff(events.partition[order]) == 0) & (np.diff(events.batch[order]) == 0)
+            & (np.diff(events.seq[order]) == 0))
+    if same.any():
         return False
-    batches = np.array([b for _p, _o, _v, b, _s in events], dtype=np.uint64)
     applied_end = log._applied_end.get(domain)
-    if applied_end is not None and _before(batches, applied_end).any():
+    if applied_end is not None and _before(events.batch, applied_end).any():
         return False
-    lanes = log._lanes
-    for p, _o, _v, b, s in events:
-        lane = lanes[p].get(domain)
+    for p in np.unique(events.partition).tolist():
+        lane = log._lanes[p].get(domain)
         if lane is None:
             continue
-        if lane.verified_end is not None and 0 < (lane.verified_end - b) % _RING < 1 << 63:
+        mine = np.flatnonzero(events.partition == p)
+        batches = events.batch[mine]
+        if lane.verified_end is not None and _before(batches, lane.verified_end).any():
             return False
-        held = lane.pending._batches.get(b)
-        if held is not None and s in held:
-            return False
+        held = lane.pending._batches
+        if held:
+            known = np.isin(batches, np.fromiter(held, dtype=np.uint64, count=len(held)))
+            for j in mine[known].tolist():
+                if int(events.seq[j]) in held[int(events.batch[j])]:
+                    return False
     return True
 
 
@@ -314,16 +334,15 @@ def _before(ids: np.ndarray, end: int) -> np.ndarray:
     return (gap > 0) & (gap < _HALF)
 
 
-def _lane_plan(lane: object, partition: int, mine: list[int], theirs: list[int],
+def _lane_plan(lane: object, partition: int, mine: list[int], theirs: np.ndarray,
                markers: list[Entry], wholes: list[EpochRecord],
-               parts: list[EpochRecord | None],
-               events: list[tuple[int, int, bytes, int, int]]) -> _LanePlan | None:
+               parts: list[EpochRecord | None], events: _Events) -> _LanePlan | None:
     """Check one partition's markers against its events: each marker covers exactly the
     events its count says, and no event of the poll comes after a marker covering it."""
     pending = lane.pending  # type: ignore[attr-defined]
     base = pending._base
     if base is None:  # set by the lane's first event, as _PendingBatches.add does
-        first = events[theirs[0]][3] if theirs else wholes[mine[0]].end_id
+        first = int(events.batch[theirs[0]]) if len(theirs) else wholes[mine[0]].end_id
         base = (first - (1 << 63)) % _RING
     ends = [(wholes[i].end_id - base) % _RING for i in mine]
     if any(b <= a for a, b in itertools.pairwise(ends)):
@@ -331,18 +350,20 @@ def _lane_plan(lane: object, partition: int, mine: list[int], theirs: list[int],
     counts = [0] * (len(mine) + 1)
     for batch_id, held in pending._batches.items():
         counts[bisect.bisect_right(ends, (batch_id - base) % _RING)] += len(held)
-    offsets = [markers[i][1] for i in mine]
-    for j in theirs:
-        _p, offset, _v, batch_id, _s = events[j]
-        k = bisect.bisect_right(ends, (batch_id - base) % _RING)
-        if k < bisect.bisect_left(offsets, offset):
+    if len(theirs):
+        rel = events.batch[theirs] - np.uint64(base)  # wraps, as on the ring
+        covering = np.searchsorted(np.array(ends, dtype=np.uint64), rel, side="right")
+        before = np.searchsorted(np.array([markers[i][1] for i in mine], dtype=np.int64),
+                                 events.offset[theirs], side="left")
+        if (covering < before).any():
             return None  # a marker before it already covers it: the slow path drops it
-        counts[k] += 1
+        counts = (np.array(counts, dtype=np.int64)
+                  + np.bincount(covering, minlength=len(mine) + 1)).tolist()
     for k, i in enumerate(mine):
         part = parts[i]
         if counts[k] != (0 if part is None else part.event_count):
             return None
-    return _LanePlan(partition, mine, theirs, ends, base)
+    return _LanePlan(partition, mine, ends, base)
 
 
 def _epochs_ok(log: KafkaLog, domain: int, wholes: list[EpochRecord], raw_wholes: list[bytes],
@@ -386,7 +407,10 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
         if pending._base is None:
             pending._base = lp.base
     opened: dict[int, list[tuple[int, int, int, bool]]] = {}
-    for p, offset, value, batch_id, seq in plan.events:
+    events = plan.events
+    for p, offset, value, batch_id, seq in zip(
+            events.partition.tolist(), events.offset.tolist(), events.values,
+            events.batch.tolist(), events.seq.tolist(), strict=True):
         lane = lanes[p].get(domain) or log._lane(p, domain)
         lane.pending.add(batch_id, seq, value)
         opened.setdefault(p, []).append((offset, domain, batch_id, False))
