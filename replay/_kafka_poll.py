@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -141,7 +142,7 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
         if planned is None:
             return None
         lanes.append(planned)
-    if not _epochs_ok(log, domain, wholes, raw_wholes, parts, partitions):
+    if not _epochs_ok(log, domain, wholes, raw_wholes, parts):
         return None
     last = dict(zip(map(_FIRST, entries), map(_SECOND, entries), strict=True))
     return PollPlan(domain, events, partitions, [m[1] for m in markers], wholes, raw_wholes,
@@ -367,31 +368,32 @@ def _lane_plan(lane: object, partition: int, mine: list[int], theirs: np.ndarray
 
 
 def _epochs_ok(log: KafkaLog, domain: int, wholes: list[EpochRecord], raw_wholes: list[bytes],
-               parts: list[EpochRecord | None], partitions: list[int]) -> bool:
-    """Partitions agree on each epoch's record, and every epoch this poll completes
-    holds its record's count of events."""
-    seen: dict[int, tuple[bytes, EpochRecord, int, int]] = {}
-    for i, whole in enumerate(wholes):
-        seq = whole.epoch_seq
-        part = parts[i]
-        count = part.event_count if part is not None else 0
-        held = seen.get(seq)
-        if held is None:
-            epoch = log._epochs.get((domain, seq))
-            if epoch is None:
-                seen[seq] = (raw_wholes[i], whole, 1, count)
-            else:
-                if epoch.raw_whole != raw_wholes[i] and epoch.whole != whole:
-                    return False
-                seen[seq] = (epoch.raw_whole, epoch.whole, len(epoch.vouched) + 1,
-                             epoch.counted + count)
-        else:
-            raw, record, vouched, counted = held
-            if raw != raw_wholes[i] and record != whole:
+               parts: list[EpochRecord | None]) -> bool:
+    """Partitions agree on each epoch's record (the same bytes), and every epoch this
+    poll completes holds its record's count of events."""
+    markers = Counter(raw_wholes)  # markers per epoch (one whole record's bytes each)
+    counted = dict.fromkeys(markers, 0)
+    for raw, count in [(raw, part.event_count) for raw, part in zip(raw_wholes, parts,
+                                                                     strict=True)
+                       if part is not None]:
+        counted[raw] += count
+    record_of = dict(zip(raw_wholes, wholes, strict=True))
+    seqs: set[int] = set()
+    get = log._epochs.get
+    for raw, vouched in markers.items():
+        record = record_of[raw]
+        seq = record.epoch_seq
+        if seq in seqs:
+            return False  # two records for one epoch: the slow path compares them
+        seqs.add(seq)
+        total = counted[raw]
+        epoch = get((domain, seq))
+        if epoch is not None:
+            if epoch.raw_whole != raw:
                 return False
-            seen[seq] = (raw, record, vouched + 1, counted + count)
-    for _raw, record, vouched, counted in seen.values():
-        if vouched >= log.partitions and counted != record.event_count:
+            vouched += len(epoch.vouched)
+            total += epoch.counted
+        if vouched >= log.partitions and total != record.event_count:
             return False
     return True
 

@@ -85,7 +85,7 @@ def _drive(messages: list[_Message], partitions: int, seed: int
 
 
 @pytest.mark.parametrize("kind", _KINDS)
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.sampled_from([0, 1]), partitions=st.sampled_from([1, 3]),
        seed=st.integers(0, 2**16))
 def test_planned_polls_equal_message_by_message(kind: str, batch: int, partitions: int,
