@@ -160,3 +160,54 @@ def test_epoch_messages_decoded_together_as_one_by_one(raws: list[bytes]) -> Non
     if expected is not None and not all(isinstance(r, EpochRecord) for r in expected):
         expected = None
     assert decode_epoch_messages(raws) == expected
+
+
+class _FatalError:
+    def code(self) -> int:
+        return -1
+
+    def fatal(self) -> bool:
+        return True
+
+    def str(self) -> str:
+        return "broker fenced the consumer"
+
+
+class _Broken(_Message):
+    def error(self) -> Any:  # type: ignore[override]
+        return _FatalError()
+
+
+def test_a_fatal_error_mid_poll_comes_after_the_changesets_before_it() -> None:
+    """A poll meets a fatal consumer error half way: the messages before it are fed
+    (planned), their changesets handed out; the next poll raises the error."""
+    import confluent_kafka
+
+    from sinks.kafka import KafkaSinkError
+
+    topic = simulate_topic(_items(1), 1, "native")
+    messages = [_Message(0, i, *m) for i, m in enumerate(topic[0])]
+    half = len(messages) // 2
+    broken = [*messages[:half], _Broken(0, half, None, None, None), *messages[half:]]
+    consumer = _consumer(broken, 1)
+    consumer._ck = confluent_kafka
+    opening = 10 + next(i for i, m in enumerate(messages) if m.headers_ is not None)
+    assert opening < half
+    first = consumer.poll(0, max_messages=opening)  # the first marker: message by message
+    planned = 0
+    apply_plan = kafka_log.apply_plan
+
+    def counting(*args: Any) -> None:
+        nonlocal planned
+        planned += 1
+        apply_plan(*args)
+
+    with mock.patch.object(kafka_log, "apply_plan", counting):
+        got = consumer.poll(0, max_messages=len(broken))
+    assert first and got and planned == 1
+    clean = _consumer(messages[:half], 1)
+    want = clean.poll(0, max_messages=opening) + clean.poll(0, max_messages=len(messages))
+    assert [(c.epoch_seq, c._changes) for c in first + got] == [
+        (c.epoch_seq, c._changes) for c in want]
+    with pytest.raises(KafkaSinkError, match="fenced"):
+        consumer.poll(0)
