@@ -54,6 +54,10 @@ __all__ = ["Entry", "PollPlan", "apply_plan", "decode_epoch_messages", "plan_pol
 Entry = tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]] | None]
 
 _RING: Final = 1 << 64
+# Below this share of markers in a poll (large write batches) planning costs more than
+# feeding message by message (measured: batches of 100, 6% markers, 12% slower planned;
+# batches of 10, 37% markers, a little faster).
+MIN_MARKER_SHARE = 0.25
 _FIRST, _SECOND, _THIRD = map(operator.itemgetter, (0, 1, 2))
 _HALF: Final = np.uint64(1 << 63)
 # An EPOCH message (sinks.codec): magic, version, kind (5 bytes), domain, epoch, begin,
@@ -95,8 +99,8 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
     if log._chunks or not log._defer or log.encoding != "native":
         return None  # baseline chunks feed the assembler mid-poll; streaming mode verifies
     markers: list[Any] = [e for e in entries if e[4] is not None]
-    if not markers:
-        return None  # only events: nothing to gain
+    if len(markers) < MIN_MARKER_SHARE * len(entries) or not markers:
+        return None  # mostly events: planning costs more than it saves
     if any([v is not None and v[:3] == EVENT_MAGIC for _p, _o, _k, v, _h in markers]):
         return None  # an event with headers: feed() takes it as an event
     events_in: list[Any] = [e for e in entries if e[4] is None]

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import replay._kafka_log as kafka_log
+import replay._kafka_poll as kafka_poll
 from agent import Agent, MemoryStore
 from replay import InconsistentLog
 from sinks import RecordingSink
@@ -108,7 +109,8 @@ def test_planned_polls_equal_message_by_message(kind: str, batch: int, partition
         planned += 1
         apply_plan(*args)
 
-    with mock.patch.object(kafka_log, "apply_plan", counting):
+    with mock.patch.object(kafka_log, "apply_plan", counting), \
+            mock.patch.object(kafka_poll, "MIN_MARKER_SHARE", 0):  # plan every poll it can
         fast = _drive(messages, partitions, seed)
     with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
         reference = _drive(messages, partitions, seed)
