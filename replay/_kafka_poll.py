@@ -8,11 +8,13 @@ records compared with their whole records' bytes as one numpy array (the usual m
 is its epoch's empty share), each partition's epochs checked to follow one another and
 its events assigned to its markers by one ``searchsorted`` over the epochs' ends.
 
-The plan is a pure function of the log's state and the poll: it changes nothing. It
-only covers the regular case, where its outcome is provably the one-message-at-a-time
-path's (``KafkaLog.feed`` in order): one domain, native events and markers as the sink
-writes them, every partition's epoch sequence known and followed, no duplicate, no
-event a marker before it already covers, every count right. Anything else (a first
+Planning changes nothing in the log (beyond caching decoded records), so giving up
+half way costs nothing. It only covers the regular case, where every check that feeding
+the messages one at a time (``KafkaLog.feed`` in order) would make passes and the end
+state is the same (a property test compares both on clean and damaged logs): one
+domain, native events and markers as the sink writes them, every partition's epoch
+sequence known and followed, no duplicate, no event a marker before it already covers,
+every count right. Anything else (a first
 marker, damage, a copy, a baseline chunk) makes ``plan_poll`` return None and the
 caller feeds the poll message by message, which names the fault exactly. Per-table
 counts and setsums are checked at ``drain`` either way (``replay._kafka_shares``).
@@ -123,6 +125,8 @@ def plan_poll(log: KafkaLog, entries: Sequence[Entry]) -> PollPlan | None:
     if any([w.domain_id != domain for w in wholes] + [h[0] != domain for h in heads]):
         return None
     partitions: list[int] = [m[0] for m in markers]
+    if max(partitions + [e[0] for e in events_in]) >= log.partitions:
+        return None
     parts = _parts(raw_parts, raw_wholes, wholes, partitions)
     if parts is None:
         return None
