@@ -18,7 +18,7 @@ import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
 __all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
-           "transpose"]
+           "transpose", "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -58,6 +58,15 @@ def new_sequencer(domain_id: int, *, now_ns: int,
             domain_id, now_ns=now_ns, max_quiescence_interval_ns=max_quiescence_interval_ns)
     return EpochSequencer(domain_id, now_ns=now_ns,
                           max_quiescence_interval_ns=max_quiescence_interval_ns)
+
+
+def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:
+    """``Agent._set_unscoped`` as one C call (``sequencer._native.UnscopedWriter``) when
+    ``sequencer`` is the C one, else None (the agent keeps its Python method)."""
+    native = globals()["sequencer"].NATIVE
+    if native is None or type(sequencer) is not native.EpochSequencer:
+        return None
+    return native.UnscopedWriter(sequencer=sequencer, **parts)  # type: ignore[no-any-return]
 
 
 def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:

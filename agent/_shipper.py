@@ -152,9 +152,18 @@ class Shipper:
             self._raise_if_failed()
         items = self._items
         items.append(item)
+        if self._idle or len(items) > self._max_queue:
+            self._after_put()
+
+    def _after_put(self) -> None:
+        """After an item was queued: wake the shipper if it is idle, and wait while the
+        queue is over its bound (``sequencer._native.UnscopedWriter`` calls it too)."""
         if self._idle:
+            # Once per wake-up: the writers that queue more before the shipper runs
+            # would each pay for an Event.set() otherwise.
+            self._idle = False
             self._wakeup.set()
-        if len(items) > self._max_queue and self.put_wait > 0:
+        if len(self._items) > self._max_queue and self.put_wait > 0:
             # Backpressure: wait for the shipper to catch up, a bounded time. The item is
             # queued already (its writes are in the store); the next batch's open waits
             # for room, and refuses if there is none.

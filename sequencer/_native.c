@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -357,17 +358,10 @@ ticket(uint64_t batch_id, int64_t seq)
     return make_tuple(BatchTicket_type, 2, items);
 }
 
-static PyObject *
-Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
+/* The open transition: 1 with *epoch_seq set, or 0 when forced quiescence refuses. */
+static int
+seq_open(Seq *self, uint64_t batch_id, int64_t now, int64_t *epoch_seq)
 {
-    uint64_t batch_id;
-    int64_t now;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "open_batch(batch_id, now_ns)");
-        return NULL;
-    }
-    if (as_u64(args[0], &batch_id) < 0 || as_i64(args[1], &now) < 0)
-        return NULL;
     if (!self->two) {
         /* QUIESCENT, open: start. The new epoch ends right after the new id. */
         int64_t seq = self->next_seq;
@@ -381,12 +375,30 @@ Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
         self->newer_seq = seq + 1;
         self->newer_open = self->newer_count = 0;
         self->two = 1;
-        return ticket(batch_id, seq);
+        *epoch_seq = seq;
+        return 1;
     }
     if (interval_exceeded(self, now))
-        Py_RETURN_NONE;  /* TWO, open, interval exceeded: refuse */
+        return 0;  /* TWO, open, interval exceeded: refuse */
     self->newer_open += 1;  /* TWO, open: join the newer */
-    return ticket(batch_id, self->newer_seq);
+    *epoch_seq = self->newer_seq;
+    return 1;
+}
+
+static PyObject *
+Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t batch_id;
+    int64_t now, seq;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_batch(batch_id, now_ns)");
+        return NULL;
+    }
+    if (as_u64(args[0], &batch_id) < 0 || as_i64(args[1], &now) < 0)
+        return NULL;
+    if (!seq_open(self, batch_id, now, &seq))
+        Py_RETURN_NONE;
+    return ticket(batch_id, seq);
 }
 
 static PyObject *
@@ -398,32 +410,15 @@ closed_record(int64_t seq, uint64_t begin, uint64_t end, int64_t count, int quie
     return make_tuple(EpochClosed_type, 5, items);
 }
 
+/* The close transitions: the list of epochs closed (a new reference), or NULL with
+ * SequencerError set. `batch_obj` (the batch id) only names the batch in errors. */
 static PyObject *
-Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
+seq_close(Seq *self, PyObject *batch_obj, int64_t epoch_seq, int64_t now, uint64_t fresh_id,
+          int64_t event_count)
 {
-    static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
-    PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
-                                     &fresh_obj, &count_obj))
-        return NULL;
-    int64_t now, event_count = 0, epoch_seq;
-    uint64_t fresh_id;
-    if (as_i64(now_obj, &now) < 0 || as_u64(fresh_obj, &fresh_id) < 0
-        || (count_obj && as_i64(count_obj, &event_count) < 0))
-        return NULL;
-    PyObject *seq_obj = PyObject_GetAttrString(tick, "epoch_seq");
-    if (seq_obj == NULL)
-        return NULL;
-    int rc = as_i64(seq_obj, &epoch_seq);
-    Py_DECREF(seq_obj);
-    if (rc < 0)
-        return NULL;
     if (!self->two) {
-        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
-        if (id != NULL) {
-            PyErr_Format(SequencerError, "batch %S closed while the sequencer is quiescent", id);
-            Py_DECREF(id);
-        }
+        PyErr_Format(SequencerError, "batch %S closed while the sequencer is quiescent",
+                     batch_obj);
         return NULL;
     }
     if (epoch_seq == self->older_seq) {
@@ -439,14 +434,10 @@ Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
         self->newer_open -= 1;
         self->newer_count += event_count;
     } else {
-        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
-        if (id != NULL) {
-            PyErr_Format(SequencerError,
-                         "batch %S of epoch %lld closed, but the open epochs are %lld and "
-                         "%lld (closed twice?)", id, (long long)epoch_seq,
-                         (long long)self->older_seq, (long long)self->newer_seq);
-            Py_DECREF(id);
-        }
+        PyErr_Format(SequencerError,
+                     "batch %S of epoch %lld closed, but the open epochs are %lld and "
+                     "%lld (closed twice?)", batch_obj, (long long)epoch_seq,
+                     (long long)self->older_seq, (long long)self->newer_seq);
         return NULL;
     }
     if (self->older_open)  /* TWO, close, older still busy: uncount */
@@ -498,6 +489,37 @@ Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
     self->last_quiescence_ns = now;
     self->two = 0;
     return list;
+}
+
+static PyObject *
+Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
+    PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
+                                     &fresh_obj, &count_obj))
+        return NULL;
+    int64_t now, event_count = 0, epoch_seq;
+    uint64_t fresh_id;
+    if (as_i64(now_obj, &now) < 0 || as_u64(fresh_obj, &fresh_id) < 0
+        || (count_obj && as_i64(count_obj, &event_count) < 0))
+        return NULL;
+    PyObject *seq_obj = PyObject_GetAttrString(tick, "epoch_seq");
+    if (seq_obj == NULL)
+        return NULL;
+    int rc = as_i64(seq_obj, &epoch_seq);
+    Py_DECREF(seq_obj);
+    if (rc < 0)
+        return NULL;
+    if (!self->two || (epoch_seq != self->older_seq && epoch_seq != self->newer_seq)) {
+        PyObject *id = PyObject_GetAttrString(tick, "batch_id");  /* for the error only */
+        if (id == NULL)
+            return NULL;
+        PyObject *result = seq_close(self, id, epoch_seq, now, fresh_id, event_count);
+        Py_DECREF(id);
+        return result;
+    }
+    return seq_close(self, Py_None, epoch_seq, now, fresh_id, event_count);
 }
 
 static PyObject *
@@ -588,6 +610,458 @@ static PyTypeObject SeqType = {
     .tp_clear = (inquiry)Seq_clear,
     .tp_methods = Seq_methods,
     .tp_getset = Seq_getset,
+};
+
+
+/* ---- UnscopedWriter: an Agent's write outside any batch, in one call ------------------- */
+
+/* `Agent._set_unscoped` (agent/_agent.py, the reference and the pure-Python fallback) in
+ * C: under the agent's lock open the automatic batch (a fresh id, this sequencer), call
+ * the store's exchange without the lock, then under the lock again close the batch, hand
+ * its one event and the epochs it closed to the shipper's queue, count it, and note a
+ * quiescence. Everything that is not the common case calls the agent's own Python
+ * methods, under the lock as the reference does: the general path when the agent is
+ * closing, holding batches back, its shipper failed or its queue is over its bound
+ * (`fallback`); forced quiescence (`_wait_for_ticket`); a store error (`_finish`); a
+ * woken or backed-up shipper (`_after_put`); a quiescence someone waits for or watches
+ * (`_quiesced`). tests/agent/test_unscoped_native.py holds it to the reference's logs. */
+
+static PyObject *S_closing, *S_hold, *S_error, *S_idle, *S_after_put, *S_raise_if_failed,
+    *S_on_quiescence, *S_sleepers, *S_async_waiters, *S_quiesced, *S_wait_for_ticket,
+    *S_finish, *S_last_point, *S_batches_closed, *S_batches, *S_events, *S_epochs,
+    *S_quiescence_points, *S_exchange, *S_put_wait, *S_append;
+
+typedef struct {
+    PyObject_HEAD
+    Seq *seq;
+    PyObject *agent, *shipper, *store, *stats, *items, *acquire, *release, *next_id,
+        *clock, *fallback;
+    Py_ssize_t max_queue;
+    vectorcallfunc vectorcall;
+} Writer;
+
+static int
+intern_names(void)
+{
+#define NAME(var, text) if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(S_closing, "_closing") NAME(S_hold, "_hold") NAME(S_error, "error")
+    NAME(S_idle, "_idle") NAME(S_after_put, "_after_put")
+    NAME(S_raise_if_failed, "_raise_if_failed") NAME(S_on_quiescence, "_on_quiescence")
+    NAME(S_sleepers, "_sleepers") NAME(S_async_waiters, "_async_waiters")
+    NAME(S_quiesced, "_quiesced") NAME(S_wait_for_ticket, "_wait_for_ticket")
+    NAME(S_finish, "_finish") NAME(S_last_point, "_last_point")
+    NAME(S_batches_closed, "_batches_closed") NAME(S_batches, "batches")
+    NAME(S_events, "events") NAME(S_epochs, "epochs")
+    NAME(S_quiescence_points, "quiescence_points") NAME(S_exchange, "exchange")
+    NAME(S_put_wait, "put_wait") NAME(S_append, "append")
+#undef NAME
+    return 0;
+}
+
+static int
+Writer_init(Writer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"agent", "sequencer", "shipper", "store", "items", "lock",
+                             "next_id", "clock", "fallback", "max_queue", NULL};
+    PyObject *agent, *seq, *shipper, *store, *items, *lock, *next_id, *clock, *fallback;
+    Py_ssize_t max_queue;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOOn", kwlist, &agent, &SeqType,
+                                     &seq, &shipper, &store, &items, &lock, &next_id, &clock,
+                                     &fallback, &max_queue))
+        return -1;
+    if (intern_names() < 0)
+        return -1;
+    PyObject *stats = PyObject_GetAttrString(agent, "stats");
+    if (stats == NULL)
+        return -1;
+    if (!PyDict_Check(stats)) {
+        Py_DECREF(stats);
+        PyErr_SetString(PyExc_TypeError, "agent.stats must be a dict");
+        return -1;
+    }
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    PyObject *release = acquire ? PyObject_GetAttrString(lock, "release") : NULL;
+    if (release == NULL) {
+        Py_DECREF(stats);
+        Py_XDECREF(acquire);
+        return -1;
+    }
+    Py_XSETREF(self->seq, (Seq *)Py_NewRef(seq));
+    Py_XSETREF(self->agent, Py_NewRef(agent));
+    Py_XSETREF(self->shipper, Py_NewRef(shipper));
+    Py_XSETREF(self->store, Py_NewRef(store));
+    Py_XSETREF(self->stats, stats);
+    Py_XSETREF(self->items, Py_NewRef(items));
+    Py_XSETREF(self->acquire, acquire);
+    Py_XSETREF(self->release, release);
+    Py_XSETREF(self->next_id, Py_NewRef(next_id));
+    Py_XSETREF(self->clock, Py_NewRef(clock));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    self->max_queue = max_queue;
+    return 0;
+}
+
+static int
+Writer_traverse(Writer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->seq);
+    Py_VISIT(self->agent);
+    Py_VISIT(self->shipper);
+    Py_VISIT(self->store);
+    Py_VISIT(self->stats);
+    Py_VISIT(self->items);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->next_id);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+Writer_clear(Writer *self)
+{
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->agent);
+    Py_CLEAR(self->shipper);
+    Py_CLEAR(self->store);
+    Py_CLEAR(self->stats);
+    Py_CLEAR(self->items);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->next_id);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+Writer_dealloc(Writer *self)
+{
+    PyObject_GC_UnTrack(self);
+    Writer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Call `fn()` and drop its result: 0, or -1 with the error set. */
+static int
+call0(PyObject *fn)
+{
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Release the lock keeping the error in flight (if any). */
+static void
+unlock(Writer *w)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (call0(w->release) < 0)
+        PyErr_WriteUnraisable(w->release);  /* never: the lock is ours */
+    PyErr_Restore(type, value, tb);
+}
+
+/* obj.name is truthy: 1, 0, or -1 with the error set. */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* stats[key] += n */
+static int
+bump(PyObject *stats, PyObject *key, Py_ssize_t n)
+{
+    PyObject *old = PyDict_GetItemWithError(stats, key);  /* borrowed */
+    if (old == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    PyObject *delta = PyLong_FromSsize_t(n);
+    PyObject *sum = delta ? PyNumber_Add(old, delta) : NULL;
+    Py_XDECREF(delta);
+    if (sum == NULL)
+        return -1;
+    int rc = PyDict_SetItem(stats, key, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* obj.name += 1 */
+static int
+bump_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *old = PyObject_GetAttr(obj, name);
+    if (old == NULL)
+        return -1;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *sum = one ? PyNumber_Add(old, one) : NULL;
+    Py_XDECREF(one);
+    Py_DECREF(old);
+    if (sum == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* A fresh id from the agent's id source, as an object and as a uint64. */
+static PyObject *
+fresh_id(Writer *w, uint64_t *out)
+{
+    PyObject *id = PyObject_CallNoArgs(w->next_id);
+    if (id != NULL && as_u64(id, out) < 0)
+        Py_CLEAR(id);
+    return id;
+}
+
+static int
+read_clock(Writer *w, int64_t *now)
+{
+    PyObject *t = PyObject_CallNoArgs(w->clock);
+    if (t == NULL)
+        return -1;
+    int rc = as_i64(t, now);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* Under the lock: the gate of the fast path (agent._set_unscoped's first test). */
+static int
+needs_general_path(Writer *w)
+{
+    int r = attr_true(w->agent, S_closing);
+    if (r)
+        return r;
+    if ((r = attr_true(w->agent, S_hold)))
+        return r;
+    PyObject *error = PyObject_GetAttr(w->shipper, S_error);
+    if (error == NULL)
+        return -1;
+    r = error != Py_None;
+    Py_DECREF(error);
+    if (r)
+        return 1;
+    Py_ssize_t n = PyObject_Length(w->items);
+    return n < 0 ? -1 : n > w->max_queue;
+}
+
+/* Under the lock: the sequencer just quiesced at `marker` (agent._quiesced, whose common
+ * case, nobody watching or waiting, is done here). */
+static int
+quiesced(Writer *w, PyObject *marker)
+{
+    PyObject *watcher = PyObject_GetAttr(w->agent, S_on_quiescence);
+    if (watcher == NULL)
+        return -1;
+    int watched = watcher != Py_None;
+    Py_DECREF(watcher);
+    int sleepers = watched ? 1 : attr_true(w->agent, S_sleepers);
+    int waiters = sleepers ? 1 : attr_true(w->agent, S_async_waiters);
+    if (sleepers < 0 || waiters < 0)
+        return -1;
+    if (watched || sleepers || waiters) {
+        PyObject *r = PyObject_CallMethodOneArg(w->agent, S_quiesced, marker);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *point = PyTuple_Pack(2, PyTuple_GET_ITEM(marker, 0), PyTuple_GET_ITEM(marker, 2));
+    if (point == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(w->agent, S_last_point, point);
+    Py_DECREF(point);
+    return rc < 0 ? -1 : bump(w->stats, S_quiescence_points, 1);
+}
+
+/* Under the lock: close the batch with `events` (a list), queue it for the shipper with
+ * the epochs closed, count it (agent._finish). Steals nothing. */
+static int
+finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyObject *events)
+{
+    int64_t now;
+    uint64_t fresh;
+    if (read_clock(w, &now) < 0)
+        return -1;
+    PyObject *fresh_obj = fresh_id(w, &fresh);
+    if (fresh_obj == NULL)
+        return -1;
+    Py_DECREF(fresh_obj);
+    Py_ssize_t count = PyList_GET_SIZE(events);
+    PyObject *closed = seq_close(w->seq, batch_obj, epoch_seq, now, fresh, count);
+    if (closed == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *item = NULL, *error = PyObject_GetAttr(w->shipper, S_error);
+    if (error == NULL)
+        goto done;
+    if (error != Py_None) {  /* Shipper.put raises ShippingFailed */
+        Py_DECREF(error);
+        PyObject *r = PyObject_CallMethodNoArgs(w->shipper, S_raise_if_failed);
+        Py_XDECREF(r);
+        if (r != NULL)
+            PyErr_SetString(PyExc_RuntimeError, "the shipper failed but did not raise");
+        goto done;
+    }
+    Py_DECREF(error);
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        goto done;
+    item = PyTuple_Pack(5, batch_obj, seq_obj, zero, events, closed);
+    Py_DECREF(zero);
+    PyObject *appended = item ? PyObject_CallMethodOneArg(w->items, S_append, item) : NULL;
+    if (appended == NULL)
+        goto done;
+    Py_DECREF(appended);
+    int idle = attr_true(w->shipper, S_idle);
+    Py_ssize_t queued = PyObject_Length(w->items);
+    if (idle < 0 || queued < 0)
+        goto done;
+    if (idle || queued > w->max_queue) {  /* wake the shipper, or wait for room */
+        PyObject *r = PyObject_CallMethodNoArgs(w->shipper, S_after_put);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if (bump(w->stats, S_events, count) < 0 || bump_attr(w->agent, S_batches_closed) < 0)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(closed);
+    if (n) {
+        if (bump(w->stats, S_epochs, n) < 0)
+            goto done;
+        PyObject *last = PyList_GET_ITEM(closed, n - 1);
+        if (PyTuple_GET_ITEM(last, 4) == Py_True && quiesced(w, last) < 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(item);
+    Py_DECREF(closed);
+    return rc;
+}
+
+static PyObject *
+Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "UnscopedWriter(table, row, column, value)");
+        return NULL;
+    }
+    if (call0(w->acquire) < 0)
+        return NULL;
+    int general = needs_general_path(w);
+    if (general) {  /* the rare cases (or an error): the general path waits or raises */
+        unlock(w);
+        return general < 0 ? NULL : PyObject_Vectorcall(w->fallback, args, nargs, NULL);
+    }
+    PyObject *batch_obj = NULL, *seq_obj = NULL, *result = NULL;
+    uint64_t batch_id;
+    int64_t now, epoch_seq;
+    /* The id first, then the clock: the order of the reference's open_batch arguments. */
+    if ((batch_obj = fresh_id(w, &batch_id)) == NULL || read_clock(w, &now) < 0)
+        goto unlock_fail;
+    if (!seq_open(w->seq, batch_id, now, &epoch_seq)) {  /* forced quiescence: wait */
+        Py_CLEAR(batch_obj);
+        PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
+        if (tick == NULL)
+            goto unlock_fail;
+        batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
+        seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
+        Py_DECREF(tick);
+        if (as_i64(seq_obj, &epoch_seq) < 0)
+            goto unlock_fail;
+    } else if ((seq_obj = PyLong_FromLongLong(epoch_seq)) == NULL) {
+        goto unlock_fail;
+    }
+    if (bump(w->stats, S_batches, 1) < 0)
+        goto unlock_fail;  /* (never: a dict of ints) */
+    unlock(w);
+    PyObject *call[5] = {w->store, args[0], args[1], args[2], args[3]};
+    PyObject *old = PyObject_VectorcallMethod(S_exchange, call, 5, NULL);
+    if (old == NULL) {  /* no event, as when a scoped write raises; then re-raise */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *items[2] = {Py_NewRef(batch_obj), Py_NewRef(seq_obj)};
+        PyObject *tick = make_tuple(BatchTicket_type, 2, items);
+        PyObject *r = tick ? PyObject_CallMethod(w->agent, "_finish", "OiN", tick, 0,
+                                                 PyList_New(0)) : NULL;
+        Py_XDECREF(tick);
+        if (r == NULL) {
+            _PyErr_ChainExceptions(type, value, tb);
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(type, value, tb);
+        }
+        goto fail;
+    }
+    PyObject *event = PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]);
+    PyObject *events = event ? PyList_New(1) : NULL;
+    if (events == NULL) {
+        Py_XDECREF(event);
+        Py_DECREF(old);
+        goto fail;
+    }
+    PyList_SET_ITEM(events, 0, event);
+    if (call0(w->acquire) < 0) {
+        Py_DECREF(events);
+        Py_DECREF(old);
+        goto fail;
+    }
+    int rc = finish(w, batch_obj, seq_obj, epoch_seq, events);
+    unlock(w);
+    Py_DECREF(events);
+    if (rc < 0)
+        Py_DECREF(old);
+    else
+        result = old;
+    goto fail;
+unlock_fail:
+    unlock(w);
+fail:
+    Py_XDECREF(batch_obj);
+    Py_XDECREF(seq_obj);
+    return result;
+}
+
+static PyObject *
+Writer_tp_call(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    return PyVectorcall_Call(self, args, kwds);
+}
+
+static PyObject *
+Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *self = PyType_GenericNew(type, args, kwds);
+    if (self != NULL)
+        *(vectorcallfunc *)((char *)self + offsetof(Writer, vectorcall)) =
+            (vectorcallfunc)Writer_call;
+    return self;
+}
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.UnscopedWriter",
+    .tp_doc = "Agent._set_unscoped in C: writer(table, row, column, value) -> old value.",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = Writer_new,
+    .tp_init = (initproc)Writer_init,
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_traverse = (traverseproc)Writer_traverse,
+    .tp_clear = (inquiry)Writer_clear,
+    .tp_call = Writer_tp_call,
+    .tp_vectorcall_offset = offsetof(Writer, vectorcall),
 };
 
 
@@ -796,11 +1270,14 @@ PyInit__native(void)
 {
     if (PyType_Ready(&IdsType) < 0 || PyType_Ready(&SeqType) < 0)
         return NULL;
+    if (PyType_Ready(&WriterType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "MonotonicIds", (PyObject *)&IdsType) < 0
-        || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0) {
+        || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0
+        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
