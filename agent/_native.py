@@ -17,8 +17,8 @@ import structlog
 import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
-__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
-           "transpose", "unscoped_writer"]
+__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
+           "shipper_helpers", "transpose", "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -91,3 +91,16 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
         assert sequencer.NATIVE is not None
         return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
     return transpose, None
+
+
+SegmentDigests = Callable[[int, np.ndarray, np.ndarray, np.ndarray, tuple[Any, ...],
+                           tuple[Any, ...]], bytes]
+
+
+def segment_digests_helper() -> SegmentDigests | None:
+    """``sequencer._native.segment_digests`` (each segment's setsum item built and hashed
+    in C), or None: the shipper then uses ``sinks.codec.segment_digest_array``."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.segment_digests  # type: ignore[no-any-return]
+    return None

@@ -1246,6 +1246,153 @@ done:
     return out;
 }
 
+/* ---- segment_digests: the setsum items of many segments, built and hashed here ------- */
+
+static void
+put_be(unsigned char *p, uint64_t v, int width)
+{
+    for (int i = width - 1; i >= 0; i--, v >>= 8)
+        p[i] = (unsigned char)v;
+}
+
+/* One buffer argument, checked: `count` items of `itemsize` bytes at least. */
+static int
+get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+          const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len < itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zd needed", what, view->len,
+                     itemsize * count);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+#define VAR_COLUMNS 5
+
+/* segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): the SHA3-256 of
+ * every segment's setsum item (sinks.codec's layout: b"CDCSEG1\0", domain u64, batch
+ * u64, n u32, n seqs u32, then per variable column n lengths u32 and the values' bytes,
+ * big-endian), concatenated. batch_ids: uint64 per segment; lengths: int64 per segment
+ * (events, contiguous); seqs: uint32 per event; offsets and values: five each, for the
+ * columns table, row, column, old, new (an Arrow binary column's int32 offsets, n + 1 of
+ * them, and its data buffer). The GIL is released while items are built and hashed. */
+static PyObject *
+segment_digests(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])
+        || PyTuple_GET_SIZE(args[4]) != VAR_COLUMNS
+        || PyTuple_GET_SIZE(args[5]) != VAR_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "segment_digests(domain_id, batch_ids, lengths, "
+                        "seqs, offsets: 5-tuple, values: 5-tuple)");
+        return NULL;
+    }
+    uint64_t domain;
+    if (as_u64(args[0], &domain) < 0)
+        return NULL;
+    Py_buffer views[4 + 2 * VAR_COLUMNS];
+    int held = 0;
+    PyObject *out = NULL;
+    unsigned char *item = NULL;
+    Py_buffer *batches = &views[0], *lengths = &views[1], *seqs = &views[2];
+    if (PyObject_GetBuffer(args[1], batches, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    held++;
+    Py_ssize_t m = batches->len / 8;
+    if (get_array(args[2], lengths, 8, m, "lengths") < 0)
+        goto done;
+    held++;
+    const int64_t *len_at = (const int64_t *)lengths->buf;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        if (len_at[k] < 0 || len_at[k] > 0xFFFFFFFFLL) {
+            PyErr_Format(PyExc_ValueError, "segment %zd has %lld events", k,
+                         (long long)len_at[k]);
+            goto done;
+        }
+        n += (Py_ssize_t)len_at[k];
+    }
+    if (get_array(args[3], seqs, 4, n, "seqs") < 0)
+        goto done;
+    held++;
+    const int32_t *offs[VAR_COLUMNS];
+    const unsigned char *vals[VAR_COLUMNS];
+    for (int c = 0; c < VAR_COLUMNS; c++) {
+        Py_buffer *o = &views[3 + 2 * c], *v = &views[4 + 2 * c];
+        if (get_array(PyTuple_GET_ITEM(args[4], c), o, 4, n + 1, "offsets") < 0)
+            goto done;
+        held++;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args[5], c), v, PyBUF_SIMPLE) < 0)
+            goto done;
+        held++;
+        offs[c] = (const int32_t *)o->buf;
+        vals[c] = (const unsigned char *)v->buf;
+        for (Py_ssize_t i = 0; i < n; i++)  /* untrusted: every value inside the data */
+            if (offs[c][i] < 0 || offs[c][i] > offs[c][i + 1] || offs[c][i + 1] > v->len) {
+                PyErr_Format(PyExc_ValueError, "column %d: value %zd [%d, %d) is not inside "
+                             "its %zd bytes of data", c, i, offs[c][i], offs[c][i + 1], v->len);
+                goto done;
+            }
+    }
+    /* The largest item, for one scratch buffer. */
+    size_t biggest = 0;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
+        size_t size = 28 + 4 * (size_t)(e - at) * (1 + VAR_COLUMNS);
+        for (int c = 0; c < VAR_COLUMNS; c++)
+            size += (size_t)(offs[c][e] - offs[c][at]);
+        if (size > biggest)
+            biggest = size;
+        at = e;
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * m);
+    item = out ? PyMem_RawMalloc(biggest ? biggest : 1) : NULL;
+    if (item == NULL) {
+        if (out != NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const uint64_t *batch_at = (const uint64_t *)batches->buf;
+    const uint32_t *seq_at = (const uint32_t *)seqs->buf;
+    Py_BEGIN_ALLOW_THREADS
+    at = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
+        unsigned char *p = item;
+        memcpy(p, "CDCSEG1\0", 8);
+        put_be(p + 8, domain, 8);
+        put_be(p + 16, batch_at[k], 8);
+        put_be(p + 24, (uint64_t)(e - at), 4);
+        p += 28;
+        for (Py_ssize_t i = at; i < e; i++, p += 4)
+            put_be(p, seq_at[i], 4);
+        for (int c = 0; c < VAR_COLUMNS; c++) {
+            const int32_t *o = offs[c];
+            for (Py_ssize_t i = at; i < e; i++, p += 4)
+                put_be(p, (uint64_t)(o[i + 1] - o[i]), 4);
+            size_t bytes = (size_t)(o[e] - o[at]);
+            if (bytes)
+                memcpy(p, vals[c] + o[at], bytes);
+            p += bytes;
+        }
+        sha3_256(item, (size_t)(p - item), digests + 32 * k);
+        at = e;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_RawFree(item);
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    return out;
+}
+
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1254,6 +1401,9 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"segment_digests", (PyCFunction)(void (*)(void))segment_digests, METH_FASTCALL,
+     "segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): every "
+     "segment's setsum item digest (sinks.codec's layout), built and hashed in C."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
