@@ -754,6 +754,18 @@ call0(PyObject *fn)
     return 0;
 }
 
+/* `obj` (new, or NULL) untracked by the collector: the writer's event tuples, lists and
+ * queue items only ever hold values, ints and each other, so no cycle can pass through
+ * them, and each write would otherwise add five objects to every collection until the
+ * shipper drops them (the GC was a third of a write's cost). */
+static PyObject *
+untracked(PyObject *obj)
+{
+    if (obj != NULL && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    return obj;
+}
+
 /* Release the lock keeping the error in flight (if any). */
 static void
 unlock(Writer *w)
@@ -875,7 +887,8 @@ quiesced(Writer *w, PyObject *marker)
         Py_XDECREF(r);
         return r == NULL ? -1 : 0;
     }
-    PyObject *point = PyTuple_Pack(2, PyTuple_GET_ITEM(marker, 0), PyTuple_GET_ITEM(marker, 2));
+    PyObject *point = untracked(PyTuple_Pack(2, PyTuple_GET_ITEM(marker, 0),
+                                             PyTuple_GET_ITEM(marker, 2)));
     if (point == NULL)
         return -1;
     int rc = PyObject_SetAttr(w->agent, S_last_point, point);
@@ -916,7 +929,7 @@ finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyO
     PyObject *zero = PyLong_FromLong(0);
     if (zero == NULL)
         goto done;
-    item = PyTuple_Pack(5, batch_obj, seq_obj, zero, events, closed);
+    item = untracked(PyTuple_Pack(5, batch_obj, seq_obj, zero, events, untracked(closed)));
     Py_DECREF(zero);
     PyObject *appended = item ? PyObject_CallMethodOneArg(w->items, S_append, item) : NULL;
     if (appended == NULL)
@@ -1004,8 +1017,8 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         }
         goto fail;
     }
-    PyObject *event = PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]);
-    PyObject *events = event ? PyList_New(1) : NULL;
+    PyObject *event = untracked(PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]));
+    PyObject *events = event ? untracked(PyList_New(1)) : NULL;
     if (events == NULL) {
         Py_XDECREF(event);
         Py_DECREF(old);
