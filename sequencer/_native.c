@@ -1132,48 +1132,77 @@ static const uint64_t KECCAK_RC[24] = {
     0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
     0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
 };
-/* Rotation of lane x + 5y. */
-static const unsigned KECCAK_ROT[25] = {
-    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
-    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
-};
-
-static inline uint64_t
-rol64(uint64_t v, unsigned n)
-{
-    return n ? (v << n) | (v >> (64 - n)) : v;
-}
+#define ROL64(v, n) (((v) << (n)) | ((v) >> (64 - (n))))  /* 0 < n < 64 */
 
 static void
 keccak_f1600(uint64_t a[25])
 {
-    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
-    static const unsigned char PI[25] = {
-        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
-        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
-    };
-    uint64_t b[25], c[5], d[5];
+    /* Unrolled (generated from FIPS 202's rho offsets and pi, checked against hashlib by
+     * tests/sequencer/test_native.py): theta's column parities d[x] are folded into rho
+     * and pi; lane x + 5y moves to y + 5((2x + 3y) mod 5), rotated by its rho offset. */
+    uint64_t b[25], c0, c1, c2, c3, c4, d0, d1, d2, d3, d4;
     for (int round = 0; round < 24; round++) {
-        for (int x = 0; x < 5; x++)  /* theta */
-            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
-        d[0] = c[4] ^ rol64(c[1], 1);
-        d[1] = c[0] ^ rol64(c[2], 1);
-        d[2] = c[1] ^ rol64(c[3], 1);
-        d[3] = c[2] ^ rol64(c[4], 1);
-        d[4] = c[3] ^ rol64(c[0], 1);
-        for (int y = 0; y < 25; y += 5)
-            for (int x = 0; x < 5; x++)
-                a[y + x] ^= d[x];
-        for (int i = 0; i < 25; i++)  /* rho and pi */
-            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
-        for (int y = 0; y < 25; y += 5) {  /* chi */
-            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
-            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
-            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
-            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
-            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
-        }
-        a[0] ^= KECCAK_RC[round];  /* iota */
+        c0 = a[0] ^ a[5] ^ a[10] ^ a[15] ^ a[20];
+        c1 = a[1] ^ a[6] ^ a[11] ^ a[16] ^ a[21];
+        c2 = a[2] ^ a[7] ^ a[12] ^ a[17] ^ a[22];
+        c3 = a[3] ^ a[8] ^ a[13] ^ a[18] ^ a[23];
+        c4 = a[4] ^ a[9] ^ a[14] ^ a[19] ^ a[24];
+        d0 = c4 ^ ROL64(c1, 1);
+        d1 = c0 ^ ROL64(c2, 1);
+        d2 = c1 ^ ROL64(c3, 1);
+        d3 = c2 ^ ROL64(c4, 1);
+        d4 = c3 ^ ROL64(c0, 1);
+        b[0] = a[0] ^ d0;
+        b[10] = ROL64(a[1] ^ d1, 1);
+        b[20] = ROL64(a[2] ^ d2, 62);
+        b[5] = ROL64(a[3] ^ d3, 28);
+        b[15] = ROL64(a[4] ^ d4, 27);
+        b[16] = ROL64(a[5] ^ d0, 36);
+        b[1] = ROL64(a[6] ^ d1, 44);
+        b[11] = ROL64(a[7] ^ d2, 6);
+        b[21] = ROL64(a[8] ^ d3, 55);
+        b[6] = ROL64(a[9] ^ d4, 20);
+        b[7] = ROL64(a[10] ^ d0, 3);
+        b[17] = ROL64(a[11] ^ d1, 10);
+        b[2] = ROL64(a[12] ^ d2, 43);
+        b[12] = ROL64(a[13] ^ d3, 25);
+        b[22] = ROL64(a[14] ^ d4, 39);
+        b[23] = ROL64(a[15] ^ d0, 41);
+        b[8] = ROL64(a[16] ^ d1, 45);
+        b[18] = ROL64(a[17] ^ d2, 15);
+        b[3] = ROL64(a[18] ^ d3, 21);
+        b[13] = ROL64(a[19] ^ d4, 8);
+        b[14] = ROL64(a[20] ^ d0, 18);
+        b[24] = ROL64(a[21] ^ d1, 2);
+        b[9] = ROL64(a[22] ^ d2, 61);
+        b[19] = ROL64(a[23] ^ d3, 56);
+        b[4] = ROL64(a[24] ^ d4, 14);
+        a[0] = b[0] ^ (~b[1] & b[2]);
+        a[1] = b[1] ^ (~b[2] & b[3]);
+        a[2] = b[2] ^ (~b[3] & b[4]);
+        a[3] = b[3] ^ (~b[4] & b[0]);
+        a[4] = b[4] ^ (~b[0] & b[1]);
+        a[5] = b[5] ^ (~b[6] & b[7]);
+        a[6] = b[6] ^ (~b[7] & b[8]);
+        a[7] = b[7] ^ (~b[8] & b[9]);
+        a[8] = b[8] ^ (~b[9] & b[5]);
+        a[9] = b[9] ^ (~b[5] & b[6]);
+        a[10] = b[10] ^ (~b[11] & b[12]);
+        a[11] = b[11] ^ (~b[12] & b[13]);
+        a[12] = b[12] ^ (~b[13] & b[14]);
+        a[13] = b[13] ^ (~b[14] & b[10]);
+        a[14] = b[14] ^ (~b[10] & b[11]);
+        a[15] = b[15] ^ (~b[16] & b[17]);
+        a[16] = b[16] ^ (~b[17] & b[18]);
+        a[17] = b[17] ^ (~b[18] & b[19]);
+        a[18] = b[18] ^ (~b[19] & b[15]);
+        a[19] = b[19] ^ (~b[15] & b[16]);
+        a[20] = b[20] ^ (~b[21] & b[22]);
+        a[21] = b[21] ^ (~b[22] & b[23]);
+        a[22] = b[22] ^ (~b[23] & b[24]);
+        a[23] = b[23] ^ (~b[24] & b[20]);
+        a[24] = b[24] ^ (~b[20] & b[21]);
+        a[0] ^= KECCAK_RC[round];
     }
 }
 
