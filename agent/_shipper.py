@@ -330,7 +330,8 @@ class Shipper:
                 tally.add(np.zeros(0, np.uint64), b"", np.zeros(0, np.int64),
                           pa.array([], pa.utf8()))
             return
-        data, lengths, batch_ids = _to_arrow(self._domain_id, segments, self._transpose)
+        data, lengths, batch_ids, epoch_seqs = _to_arrow(self._domain_id, segments,
+                                                         self._transpose)
         if self._segment_digests is not None:  # C: each item (one segment) built and hashed
             digests = _native_digests(self._segment_digests, self._domain_id, batch_ids,
                                       lengths, data)
@@ -338,8 +339,7 @@ class Shipper:
             starts, digests = segment_digest_array(data, self._digest_slices)
             if len(starts) != len(segments):  # an agent bug, never a user error
                 raise AssertionError(f"{len(segments)} segments shipped, {len(starts)} hashed")
-        tally.add(np.fromiter((s[1] for s in segments), np.uint64, len(segments)), digests,
-                  lengths, data.column(3))
+        tally.add(epoch_seqs, digests, lengths, data.column(3))
         batch = EventBatch(data)
         self._call_sink("write_events", lambda: self._sink.write_events(batch),
                         SinkBackpressure)
@@ -403,13 +403,14 @@ class Shipper:
 
 
 def _to_arrow(domain_id: int, segments: list[_BatchItem],
-              transpose: Transpose) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray]:
-    """Encode the segments' events as one record batch; also return each one's length
-    and batch id.
+              transpose: Transpose,
+              ) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray, np.ndarray]:
+    """Encode the segments' events as one record batch; also return each one's length,
+    batch id and epoch seq.
 
     Transposed with ``transpose`` and ``chain`` (C loops, with the native module): no
     Python step per event."""
-    batch_ids, _epochs, seq_starts, lists, _closed = transpose(segments, 5)
+    batch_ids, epochs, seq_starts, lists, _closed = transpose(segments, 5)
     lengths = np.fromiter(map(len, lists), np.int64, len(lists))
     events = list(chain.from_iterable(lists))
     n = len(events)
@@ -425,7 +426,8 @@ def _to_arrow(domain_id: int, segments: list[_BatchItem],
         encode_keys(rows), pa.array(columns, pa.utf8()),
         encode_values(olds), encode_values(news),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), lengths, segment_batches
+    return (pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), lengths, segment_batches,
+            np.array(epochs, np.uint64))
 
 
 # The columns of a segment's setsum item after the seqs: table, row, column, old, new.

@@ -275,8 +275,11 @@ def test_the_shippers_native_helpers_give_the_same_arrow_and_digests(
     from sinks.codec import segment_digest_array
 
     items: list[Any] = [(1000 + 128 * k, k, 0, events, []) for k, events in enumerate(segments)]
-    python_data, python_lengths, python_batches = _to_arrow(99, items, choice.transpose)
-    native_data, native_lengths, native_batches = _to_arrow(99, items, native().transpose)
+    python_data, python_lengths, python_batches, python_epochs = _to_arrow(
+        99, items, choice.transpose)
+    native_data, native_lengths, native_batches, native_epochs = _to_arrow(
+        99, items, native().transpose)
+    assert list(native_epochs) == list(python_epochs) == [i[1] for i in items]
     assert native_data.equals(python_data)
     assert list(native_lengths) == list(python_lengths)
     assert list(native_batches) == list(python_batches) == [i[0] for i in items]
@@ -310,10 +313,10 @@ def test_native_segment_digests_equal_the_codecs(
 
     items: list[Any] = [(batch, 0, part << 16, events, [])
                         for batch, part, events in segments]
-    data, lengths, batches = _to_arrow(domain_id, items, choice.transpose)
+    data, lengths, batches, _epochs = _to_arrow(domain_id, items, choice.transpose)
     if skip:  # the same segments, preceded by another batch's events, then sliced off
         extra: list[Any] = [(7, 0, 0, [("x", 1, "y", "z" * 50, b"w")] * skip, [])]
-        whole, _, _ = _to_arrow(domain_id, extra + items, choice.transpose)
+        whole, *_ = _to_arrow(domain_id, extra + items, choice.transpose)
         data = whole.slice(skip)
     _starts, expected = segment_digest_array(data)
     assert _native_digests(native().segment_digests, domain_id, batches, lengths,
