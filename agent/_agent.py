@@ -432,7 +432,7 @@ class Agent(_Capture):
         # With the C sequencer, an unscoped write is one C call around the store's
         # exchange (sequencer._native.UnscopedWriter: the method below, step for step).
         writer = unscoped_writer(
-            agent=self, sequencer=self._sequencer, shipper=self._shipper, store=store,
+            agent=self, sequencer=self._sequencer, shipper=self._shipper,
             items=self._shipper.items, lock=self._cond, next_id=self._next_id,
             clock=self._clock_ns, fallback=self._set_general, max_queue=self._max_queue)
         if writer is not None:

@@ -629,12 +629,12 @@ static PyTypeObject SeqType = {
 static PyObject *S_closing, *S_hold, *S_error, *S_idle, *S_after_put, *S_raise_if_failed,
     *S_on_quiescence, *S_sleepers, *S_async_waiters, *S_quiesced, *S_wait_for_ticket,
     *S_finish, *S_last_point, *S_batches_closed, *S_batches, *S_events, *S_epochs,
-    *S_quiescence_points, *S_exchange, *S_put_wait, *S_append;
+    *S_quiescence_points, *S_exchange, *S_put_wait, *S_append, *S_store;
 
 typedef struct {
     PyObject_HEAD
     Seq *seq;
-    PyObject *agent, *shipper, *store, *stats, *items, *acquire, *release, *next_id,
+    PyObject *agent, *shipper, *stats, *items, *acquire, *release, *next_id,
         *clock, *fallback;
     Py_ssize_t max_queue;
     vectorcallfunc vectorcall;
@@ -653,7 +653,7 @@ intern_names(void)
     NAME(S_batches_closed, "_batches_closed") NAME(S_batches, "batches")
     NAME(S_events, "events") NAME(S_epochs, "epochs")
     NAME(S_quiescence_points, "quiescence_points") NAME(S_exchange, "exchange")
-    NAME(S_put_wait, "put_wait") NAME(S_append, "append")
+    NAME(S_put_wait, "put_wait") NAME(S_append, "append") NAME(S_store, "store")
 #undef NAME
     return 0;
 }
@@ -661,12 +661,12 @@ intern_names(void)
 static int
 Writer_init(Writer *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"agent", "sequencer", "shipper", "store", "items", "lock",
-                             "next_id", "clock", "fallback", "max_queue", NULL};
-    PyObject *agent, *seq, *shipper, *store, *items, *lock, *next_id, *clock, *fallback;
+    static char *kwlist[] = {"agent", "sequencer", "shipper", "items", "lock", "next_id",
+                             "clock", "fallback", "max_queue", NULL};
+    PyObject *agent, *seq, *shipper, *items, *lock, *next_id, *clock, *fallback;
     Py_ssize_t max_queue;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOOn", kwlist, &agent, &SeqType,
-                                     &seq, &shipper, &store, &items, &lock, &next_id, &clock,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOn", kwlist, &agent, &SeqType,
+                                     &seq, &shipper, &items, &lock, &next_id, &clock,
                                      &fallback, &max_queue))
         return -1;
     if (intern_names() < 0)
@@ -689,7 +689,6 @@ Writer_init(Writer *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->seq, (Seq *)Py_NewRef(seq));
     Py_XSETREF(self->agent, Py_NewRef(agent));
     Py_XSETREF(self->shipper, Py_NewRef(shipper));
-    Py_XSETREF(self->store, Py_NewRef(store));
     Py_XSETREF(self->stats, stats);
     Py_XSETREF(self->items, Py_NewRef(items));
     Py_XSETREF(self->acquire, acquire);
@@ -707,7 +706,6 @@ Writer_traverse(Writer *self, visitproc visit, void *arg)
     Py_VISIT(self->seq);
     Py_VISIT(self->agent);
     Py_VISIT(self->shipper);
-    Py_VISIT(self->store);
     Py_VISIT(self->stats);
     Py_VISIT(self->items);
     Py_VISIT(self->acquire);
@@ -724,7 +722,6 @@ Writer_clear(Writer *self)
     Py_CLEAR(self->seq);
     Py_CLEAR(self->agent);
     Py_CLEAR(self->shipper);
-    Py_CLEAR(self->store);
     Py_CLEAR(self->stats);
     Py_CLEAR(self->items);
     Py_CLEAR(self->acquire);
@@ -999,8 +996,11 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
     if (bump(w->stats, S_batches, 1) < 0)
         goto unlock_fail;  /* (never: a dict of ints) */
     unlock(w);
-    PyObject *call[5] = {w->store, args[0], args[1], args[2], args[3]};
-    PyObject *old = PyObject_VectorcallMethod(S_exchange, call, 5, NULL);
+    /* agent.store read at each write, as the reference does */
+    PyObject *store = PyObject_GetAttr(w->agent, S_store);
+    PyObject *call[5] = {store, args[0], args[1], args[2], args[3]};
+    PyObject *old = store ? PyObject_VectorcallMethod(S_exchange, call, 5, NULL) : NULL;
+    Py_XDECREF(store);
     if (old == NULL) {  /* no event, as when a scoped write raises; then re-raise */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);

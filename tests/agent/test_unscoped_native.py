@@ -90,16 +90,20 @@ def test_the_c_writer_logs_what_the_python_one_logs(
 
 
 def test_the_c_writer_takes_the_general_path_when_the_agent_is_closed() -> None:
-    """Closing (or held back, or a failed shipper): the C writer hands the write to the
-    general path, which refuses it as the Python one does."""
+    """The C writer writes to ``agent.store`` as it is at each write; closing (or held
+    back, or a failed shipper): it hands the write to the general path, which refuses it
+    as the Python one does."""
     native()
     agent = Agent(MemoryStore(), MemorySink())
     assert type(agent._set_unscoped).__module__ == "sequencer._native"
     assert agent.set("t", 1, "c", 1) is ABSENT
+    first, agent.store = agent.store, MemoryStore()  # read at each write, as in Python
+    assert agent.set("t", 1, "c", 3) is ABSENT
+    assert first.get("t", 1, "c") == 1
     agent.close()
     with pytest.raises(RuntimeError, match="closed"):
         agent.set("t", 1, "c", 2)
-    assert agent.store.get("t", 1, "c") == 1
+    assert agent.store.get("t", 1, "c") == 3
 
 
 def test_the_c_writer_leaks_nothing() -> None:
