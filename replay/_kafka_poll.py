@@ -179,7 +179,8 @@ _EPOCH_HEAD: Final = np.dtype([
     ("begin", ">u8"), ("end", ">u8"), ("count", ">u8"), ("flags", "u1"), ("stream", ">u4"),
     ("setsum", "V32"), ("tables", ">u2")])
 _MAX_WHOLES: Final = 1 << 16
-_TABLES: dict[bytes, tuple[tuple[str, int], ...] | None] = {}  # an EPOCH message's tail
+# An EPOCH message's number of tables and tables (its bytes after the setsum), parsed.
+_TABLES: dict[bytes, tuple[tuple[str, int], ...] | None] = {}
 
 
 def decode_epoch_messages(raws: list[bytes]) -> list[EpochRecord] | None:
@@ -196,12 +197,12 @@ def decode_epoch_messages(raws: list[bytes]) -> list[EpochRecord] | None:
         return None
     tables: list[tuple[tuple[str, int], ...]] = [()] * n
     for i in np.flatnonzero(heads["tables"]).tolist():
-        tail = raws[i][size:]
+        tail = raws[i][size - 2:]  # the number of tables, then the tables
         parsed = _TABLES.get(tail, ...)
         if parsed is ...:
             if len(_TABLES) >= 4096:
                 _TABLES.clear()
-            parsed = _TABLES[tail] = _table_counts(tail, int(heads["tables"][i]))
+            parsed = _TABLES[tail] = _table_counts(tail[2:], int(heads["tables"][i]))
         if parsed is None or len(parsed) != heads["tables"][i]:
             return None
         tables[i] = parsed
