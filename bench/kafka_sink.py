@@ -126,25 +126,39 @@ def run_consumer(bootstrap: str, topic: str, group: str) -> tuple[float, int]:
         return time.perf_counter() - started, events
 
 
-def bench_consumer(broker: Any, batch_size: int, events: int, partitions: int, runs: int
-                   ) -> None:
+def bench_consumer(broker: Any, batch_size: int, events: int, partitions: int, runs: int,
+                   unplanned: bool = False) -> None:
     """The consistent consumer against a raw one reading the very same topic: both as
-    messages of the topic per second (the raw one only takes each message's value)."""
+    messages of the topic per second (the raw one only takes each message's value).
+    With ``unplanned``, also the consumer feeding every poll message by message (no
+    markers as columns: the path before issue 13's planned polls), alternated."""
+    from unittest import mock
+
+    import replay._kafka_log as kafka_log
+
     items, written = capture(events, batch_size)
     topic = f"consume-{batch_size}"
     run_sink(broker, items, topic, partitions)  # not timed: fills the topic
     messages = 0
-    best_raw = best_consistent = 0.0
+    best_raw = best_consistent = best_unplanned = 0.0
     for run in range(runs):  # alternate, keep the best of each: the machine is shared
         raw_s, messages = run_raw_consumer(broker.bootstrap, topic, partitions)
         consistent_s, consumed = run_consumer(broker.bootstrap, topic, f"bench-{run}")
         assert consumed == written, (consumed, written)
         best_raw = max(best_raw, messages / raw_s)
         best_consistent = max(best_consistent, messages / consistent_s)
+        if unplanned:
+            with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
+                seconds, consumed = run_consumer(broker.bootstrap, topic, f"bench-u{run}")
+            assert consumed == written, (consumed, written)
+            best_unplanned = max(best_unplanned, messages / seconds)
     print(f"consumer: {written:,} events in write batches of {batch_size}, "
           f"{messages:,} messages over {partitions} partitions")
     report(f"  consume_consistent, batches of {batch_size}", best_consistent,
            "raw consumer", best_raw, "messages/s", ">= 0.5")
+    if unplanned:
+        report(f"  same, polls fed message by message, batches of {batch_size}",
+               best_unplanned, "raw consumer", best_raw, "messages/s", "before")
 
 
 def run_raw_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[float, int]:
@@ -175,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--consumer-only", action="store_true",
                         help="skip the sink; only the consumer figures")
+    parser.add_argument("--unplanned", action="store_true",
+                        help="also time the consumer feeding polls message by message")
     args = parser.parse_args(argv)
 
     from tests.services.kafka import KafkaBroker
@@ -199,8 +215,10 @@ def main(argv: list[str] | None = None) -> None:
                                                              args.partitions))
             report("KafkaSink (native) write+flush", sink_best, "raw producer", raw_best,
                    "events/s", ">= 0.8")
-        bench_consumer(broker, args.batch_size, args.events, args.partitions, args.runs)
-        bench_consumer(broker, 1, args.events // 5, args.partitions, args.runs)
+        bench_consumer(broker, args.batch_size, args.events, args.partitions, args.runs,
+                       args.unplanned)
+        bench_consumer(broker, 1, args.events // 5, args.partitions, args.runs,
+                       args.unplanned)
     finally:
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)

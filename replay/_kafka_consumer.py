@@ -20,6 +20,7 @@ import structlog
 from replay._assembler import Assembler, Cell, Changeset
 from replay._errors import InconsistentLog
 from replay._kafka_log import KafkaLog
+from replay._kafka_poll import Entry
 from replay._position import Frontier, Position
 from sequencer import Value
 from sinks.codec import NATIVE_MAGIC as EVENT_MAGIC
@@ -192,27 +193,31 @@ class KafkaConsistentConsumer:
                           "nothing was handed out; poll again"):
             messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
-        feed, feed_event = self.log.feed, self.log.feed_event
         magic = EVENT_MAGIC if self.log.encoding == "native" else None
         failure: InconsistentLog | KafkaSinkError | None = None
-        try:
-            for message in messages:
-                err = message.error()
-                if err is not None:
-                    if err.code() == self._ck.KafkaError._PARTITION_EOF:
-                        continue
-                    if err.fatal():
-                        raise KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
-                    log.warning("kafka_consume_error", error=err.str())
+        # The poll's messages in order, fed at once (markers handled as columns); an
+        # event message without its key and headers (not needed).
+        entries: list[Entry] = []
+        for message in messages:
+            err = message.error()
+            if err is not None:
+                if err.code() == self._ck.KafkaError._PARTITION_EOF:
                     continue
-                value = message.value()
-                if magic is not None and value is not None and value[:3] == magic:
-                    feed_event(message.partition(), message.offset(), value)  # most messages
-                else:
-                    feed(message.partition(), message.offset(), message.key(), value,
-                         message.headers())
-        except (InconsistentLog, KafkaSinkError) as exc:
-            failure = exc
+                if err.fatal():  # after the messages before it
+                    failure = KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
+                    break
+                log.warning("kafka_consume_error", error=err.str())
+                continue
+            value = message.value()
+            if magic is not None and value is not None and value[:3] == magic:
+                entries.append((message.partition(), message.offset(), None, value, None))
+            else:
+                entries.append((message.partition(), message.offset(), message.key(), value,
+                                message.headers()))
+        try:
+            out.extend(self.log.feed_poll(entries))
+        except InconsistentLog as exc:
+            failure = exc  # met before the fatal error, if any
         try:
             # Every interval complete so far, verified in one pass.
             out.extend(self.log.drain())

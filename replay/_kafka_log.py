@@ -23,6 +23,7 @@ before that offset is needed again) and the position token to resume with.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Final
 
 from replay._assembler import Assembler, Changeset
 from replay._errors import InconsistentLog
+from replay._kafka_poll import Entry, apply_plan, plan_poll
 from replay._kafka_shares import check_shares
 from replay._position import Frontier, Position
 from sequencer import EpochRecord
@@ -117,6 +119,23 @@ class _PendingBatches:
             batch_id = (heapq.heappop(heap) + base) % _RING
             out.extend(batches.pop(batch_id).values())
         self.events -= len(out)
+        return out
+
+    def take_runs(self, ends: list[int]) -> list[list[bytes]]:
+        """``take_before`` for consecutive epochs at once: ``ends`` are their end ids
+        relative to the ring base (increasing); returns each epoch's event messages."""
+        out: list[list[bytes]] = [[] for _ in ends]
+        heap, batches, base = self._heap, self._batches, self._base
+        if not heap:
+            return out
+        assert base is not None
+        limit, taken = ends[-1], 0
+        while heap and heap[0] < limit:
+            rel = heapq.heappop(heap)
+            values = batches.pop((rel + base) % _RING).values()
+            out[bisect.bisect_right(ends, rel)].extend(values)
+            taken += len(values)
+        self.events -= taken
         return out
 
     def __len__(self) -> int:
@@ -280,6 +299,27 @@ class KafkaLog:
         raise InconsistentLog(f"partition {partition} offset {offset} holds a message that "
                               f"is not a cdc-agent {self.encoding} record "
                               f"(starts {bytes(value or b'')[:8]!r})")
+
+    def feed_poll(self, entries: Sequence[Entry]) -> list[Changeset]:
+        """Take a poll's messages, ``(partition, offset, key, value, headers)`` in the
+        order read (an event message with ``headers`` None): as ``feed`` on each in
+        turn, but with ``bulk`` the usual poll is planned as a whole, its markers
+        handled as columns (``replay._kafka_poll``); anything irregular goes message
+        by message, which names the fault where it is."""
+        if self._failure is not None:
+            raise self._failure
+        plan = plan_poll(self, entries)
+        if plan is not None:
+            apply_plan(self, plan)
+            return []
+        out: list[Changeset] = []
+        feed, feed_event = self.feed, self.feed_event
+        for partition, offset, key, value, headers in entries:
+            if headers is None and value is not None and value[:3] == EVENT_MAGIC:
+                feed_event(partition, offset, value)
+            else:
+                out += feed(partition, offset, key, value, headers)
+        return out
 
     def _lane(self, partition: int, domain_id: int) -> _Lane:
         lane = self._lanes[partition].get(domain_id)

@@ -242,6 +242,18 @@ def _damaged_topic(topic, kind: str, rng: random.Random):
     elif kind == "duplicate":
         p, i = rng.choice(events + markers)
         topic[p].insert(rng.randint(i + 1, len(topic[p])), topic[p][i])
+    elif kind == "forge partition quiescent":
+        forge(HEADER_PARTITION, "quiescent", lambda quiet: not quiet)
+    elif kind == "forge partition stream":
+        forge(HEADER_PARTITION, "stream", lambda stream: stream + 1)
+    elif kind == "late event":  # a new identity of a batch its partition already closed
+        p, i = rng.choice(events)
+        after = next((j for j in range(i + 1, len(topic[p])) if topic[p][j][2] is not None),
+                     len(topic[p]) - 1)
+        key, value, headers = topic[p][i]
+        seq = int.from_bytes(value[20:24], "big") ^ 0x8000
+        topic[p].insert(after + 1, (key, value[:20] + seq.to_bytes(4, "big") + value[24:],
+                                    headers))
     return topic
 
 
