@@ -711,6 +711,7 @@ from typing import NamedTuple  # noqa: E402
 from sinks._snapshot_codec import (  # noqa: E402 - it needs this module's helpers above  # noqa: E402 - it needs this module's helpers above
     SNAPSHOT_SCHEMA,
     Bound,
+    RowCells,
     SnapshotCell,
     SnapshotChunk,
     chunk_digest,
@@ -1171,6 +1172,7 @@ __all__ += [
     "SNAPSHOT_PARTITION",
     "Bound",
     "RawEvent",
+    "RowCells",
     "SnapshotCell",
     "cell_key",
     "debezium_transaction_id",
