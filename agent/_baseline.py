@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 
 from agent._agent import QuiescenceTimeout
+from agent._baseline_journal import BaselineJournal, finished_report, note_previous
 from sequencer import RowKey, Value
 from sinks import Setsum
-from sinks._snapshot_codec import cells_batch
-from sinks.codec import Bound, RowCells, SnapshotCell, SnapshotChunk, decode_key
+from sinks.codec import Bound, RowCells, SnapshotCell, SnapshotChunk, cells_batch, decode_key
 
 if TYPE_CHECKING:
     from agent._agent import _Capture
@@ -279,11 +279,39 @@ class _Run:
 
 def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                   progress: Callable[[SnapshotProgress], None] | None = None,
-                  flush_timeout: float | None = None) -> BaselineReport:
-    """``Agent.snapshot``: see the module docstring."""
+                  flush_timeout: float | None = None,
+                  journal: BaselineJournal | str | None = None) -> BaselineReport:
+    """``Agent.snapshot``: see the module docstring.
+
+    With a ``journal`` (``agent._baseline_journal``), in this order:
+
+    Step 1. Read it: ``closed`` (the last agent closed cleanly): record this agent
+    as running on from it and return its report, nothing else done.
+    Step 2. Record the new baseline as running.
+    Step 3. Take the baseline: chunk by chunk, then a quiescence point, then flush
+    (every chunk durable in the sink).
+    Step 4. Record it as done, with its report (a clean ``close()`` marks it closed).
+
+    A crash anywhere leaves ``running`` or ``done`` (or the older entry): the next call
+    takes a new baseline from chunk 0.
+    """
     lister = _lister(store)
+    if isinstance(journal, str):
+        journal = BaselineJournal.at(journal)
     with agent._snapshot_lock:  # one baseline at a time per agent
+        # Step 1.
+        previous = None if journal is None else journal.read()
+        if journal is not None and previous is not None and previous["state"] == "closed":
+            report = finished_report(previous)
+            journal.adopted(previous, agent.domain_id)
+            agent._baseline_journal = journal  # type: ignore[attr-defined]
+            return report
         run = _Run(agent, chunk_rows, progress)
+        # Step 2.
+        if journal is not None:
+            note_previous(journal, previous)
+            journal.started(agent.domain_id, run.baseline_id)
+        # Step 3.
         done = False
         while not done:
             agent._begin_hold()
@@ -297,7 +325,12 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
         with agent.batch():  # a quiescence point after the last chunk: consumers hand
             pass  # out the baseline's changes with the changeset of the next interval
         agent.flush(flush_timeout)
-        return run.report()
+        report = run.report()
+        # Step 4.
+        if journal is not None:
+            journal.finished(report, agent.domain_id)
+            agent._baseline_journal = journal  # type: ignore[attr-defined]
+        return report
 
 
 async def atake_baseline(agent: _Capture, store: object, *,

@@ -17,8 +17,7 @@ from agent import Agent, MemoryStore
 from agent._baseline import split_rows
 from replay import Assembler
 from sinks import MemorySink, SinkBackpressure
-from sinks._snapshot_codec import cells_batch
-from sinks.codec import RowCells, SnapshotChunk, row_order
+from sinks.codec import RowCells, SnapshotChunk, cells_batch, row_order
 from tests.agent.test_baseline import _bits, _prepopulated, _writer
 
 
