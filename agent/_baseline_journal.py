@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from sinks.objstore import NotFound, ObjectStore, open_store
+from sinks.objstore import NotFound, ObjectStore, ObjectStoreError, open_store
 
 if TYPE_CHECKING:
     from agent._baseline import BaselineReport
@@ -94,11 +94,16 @@ class BaselineJournal:
         self._put({"state": "done", "domain_id": domain_id, "report": entry["report"]})
 
     def closed(self, domain_id: int) -> None:
-        """Agent ``domain_id`` closed cleanly: every write is in the log."""
-        entry = self.read()
-        if entry is None or entry["state"] != "done" or entry.get("domain_id") != domain_id:
-            return  # another agent's journal now: leave it
-        self._put({**entry, "state": "closed"})
+        """Agent ``domain_id`` closed cleanly: every write is in the log. A store
+        failure here is logged, not raised: the next start then retakes a baseline."""
+        try:
+            entry = self.read()
+            if entry is None or entry["state"] != "done" or entry.get("domain_id") != domain_id:
+                return  # another agent's journal now: leave it
+            self._put({**entry, "state": "closed"})
+        except (ObjectStoreError, JournalError) as exc:
+            log.warning("cdc.baseline_journal_not_closed", journal=self.key, error=str(exc),
+                        consequence="the next start takes a new baseline")
 
     def _put(self, entry: dict[str, Any]) -> None:
         body = {"version": JOURNAL_VERSION, **entry}
