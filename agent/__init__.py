@@ -9,6 +9,7 @@ capture), then ``_store.py`` (what a relaxed store is).
 from agent._agent import Agent, AgentClosed, QuiescenceTimeout
 from agent._async_agent import AsyncAgent
 from agent._baseline import BaselineReport, CellChunk, ListableStore, SnapshotProgress
+from agent._baseline_journal import BaselineJournal, JournalError
 from agent._clock import system_ids
 from agent._config import Config, ConfigError, load_config
 from agent._metrics import CaptureMetrics, kafka_consumer_lag, serve_metrics, wal3_cursor_lag
@@ -32,12 +33,14 @@ __all__ = [
     "AsyncMemoryStore",
     "AsyncPostgresStore",
     "AsyncRelaxedStore",
+    "BaselineJournal",
     "BaselineReport",
     "CaptureMetrics",
     "CellChunk",
     "Config",
     "ConfigError",
     "InvalidWrite",
+    "JournalError",
     "ListableStore",
     "MemoryStore",
     "PostgresError",

@@ -42,6 +42,7 @@ from sinks import Sink
 
 if TYPE_CHECKING:
     from agent._baseline import BaselineReport, SnapshotProgress
+    from agent._baseline_journal import BaselineJournal
     from agent._metrics import CaptureMetrics
 
 __all__ = ["Agent", "AgentClosed", "QuiescenceTimeout"]
@@ -201,6 +202,9 @@ class _Capture:
         finally:
             self._shipper.stop()
             self._sink.close()
+        journal = getattr(self, "_baseline_journal", None)
+        if journal is not None:  # every write is in the log: no baseline needed next start
+            journal.closed(self.domain_id)
         log.info("cdc.agent_closed", domain_id=f"{self.domain_id:016x}", **self.stats)
 
     def __enter__(self) -> _Capture:
@@ -550,13 +554,17 @@ class Agent(_Capture):
 
     def snapshot(self, *, chunk_rows: int = 10_000,
                  progress: Callable[[SnapshotProgress], None] | None = None,
-                 flush_timeout: float | None = None) -> BaselineReport:
+                 flush_timeout: float | None = None,
+                 journal: BaselineJournal | str | None = None) -> BaselineReport:
         """Record every cell the store holds as a baseline (snapshot records in the log).
 
         The store is read ``chunk_rows`` rows at a time, each chunk at a quiescence point
         with new write batches held back meanwhile (writers wait for one chunk at most).
         Returns once every chunk is durable in the sink; ``progress`` is called after
         each chunk. The store must offer ``list_cells`` (see ``agent._baseline``).
+        With a ``journal`` (a ``BaselineJournal`` or an object store URI), a baseline
+        already finished is not taken again and a cut one is taken anew from chunk 0
+        (``agent._baseline_journal``): call it at every start.
         """
         from agent._baseline import take_baseline
 
@@ -575,4 +583,4 @@ class Agent(_Capture):
 
             progress = counted
         return take_baseline(self, self.store, chunk_rows=chunk_rows, progress=progress,
-                             flush_timeout=flush_timeout)
+                             flush_timeout=flush_timeout, journal=journal)

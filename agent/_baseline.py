@@ -24,10 +24,14 @@ from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+import pyarrow as pa
+
 from agent._agent import QuiescenceTimeout
+from agent._baseline_journal import BaselineJournal, finished_report, note_previous
 from sequencer import RowKey, Value
 from sinks import Setsum
-from sinks.codec import Bound, SnapshotCell, SnapshotChunk, encode_key, encode_value, row_order
+from sinks.codec import Bound, RowCells, SnapshotCell, SnapshotChunk, cells_batch, decode_key
 
 if TYPE_CHECKING:
     from agent._agent import _Capture
@@ -37,6 +41,7 @@ __all__ = ["AsyncListableStore", "BaselineReport", "CellChunk", "ListableStore",
 
 DEFAULT_CHUNK_ROWS = 10_000
 _CELL_OVERHEAD = 16  # an Arrow offset per column: what a cell costs beyond its bytes
+_CHUNK_OVERHEAD = 16  # and a chunk: the first offset of each column
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,50 +143,67 @@ class PendingSnapshot:
     def _build(self, max_bytes: int | None) -> list[SnapshotChunk]:
         numbering = self.numbering
         index = self.index if numbering is None else numbering.next
-        whole = SnapshotChunk.build(self.domain_id, self.point[0], self.point[1],
-                                    self.baseline_id, index, self.hi is None, self.lo,
-                                    self.hi, self.cells)
-        if numbering is None or max_bytes is None or whole.data.nbytes <= max_bytes \
-                or len(self.cells) < 2:
+        cells = RowCells.of(self.cells)  # grouped by row: a cut keeps rows whole
+        data = cells_batch(cells)
+        if numbering is None or max_bytes is None or data.nbytes <= max_bytes \
+                or len(cells.widths) < 2:
             if numbering is not None:
                 numbering.take(1)
-            return [whole]
-        pieces = split_rows(self.cells, max_bytes)
+            return [SnapshotChunk.of_data(self.domain_id, self.point[0], self.point[1],
+                                          self.baseline_id, index, self.hi is None, self.lo,
+                                          self.hi, data)]
+        pieces = split_rows(data, cells.widths, max_bytes)
         first = numbering.take(len(pieces))
         out = []
-        for i, piece in enumerate(pieces):
-            lo = self.lo if i == 0 else piece[0][:2]
-            hi = self.hi if i == len(pieces) - 1 else pieces[i + 1][0][:2]
-            out.append(SnapshotChunk.build(
+        for i, (start, end) in enumerate(pieces):
+            lo = self.lo if i == 0 else _row_bound(data, start)
+            hi = self.hi if i == len(pieces) - 1 else _row_bound(data, end)
+            out.append(SnapshotChunk.of_data(
                 self.domain_id, self.point[0], self.point[1], self.baseline_id, first + i,
-                hi is None, lo, hi, piece))
+                hi is None, lo, hi, data.slice(start, end - start)))
         return out
 
 
-def split_rows(cells: Sequence[SnapshotCell], max_bytes: int) -> list[list[SnapshotCell]]:
-    """``cells`` in row order, cut into runs of whole rows of at most ``max_bytes``
-    encoded bytes each (a row larger than that is a run of its own)."""
-    ordered = sorted(cells, key=lambda c: row_order(c[0], c[1]))  # stable: rows stay whole
-    rows: list[tuple[list[SnapshotCell], int]] = []
-    for _row, run in groupby(ordered, key=itemgetter(0, 1)):
-        row_cells = list(run)
-        rows.append((row_cells, sum(
-            _CELL_OVERHEAD + len(t.encode()) + len(encode_key(r)) + len(c.encode())
-            + len(encode_value(v)) for t, r, c, v in row_cells)))
-    pieces: list[list[SnapshotCell]] = [[]]
-    size = 0
-    for row_cells, cost in rows:
-        if pieces[-1] and size + cost > max_bytes:
-            pieces.append([])
-            size = 0
-        pieces[-1].extend(row_cells)
-        size += cost
+def _row_bound(data: pa.RecordBatch, at: int) -> Bound:
+    """The (table, row) of the cell at ``at``: where a piece starts."""
+    return (data.column(0)[at].as_py(), decode_key(data.column(1)[at].as_py()))
+
+
+def cell_sizes(data: pa.RecordBatch) -> np.ndarray:
+    """What each cell costs in a chunk: its four columns' bytes and their offsets."""
+    sizes = np.full(data.num_rows, _CELL_OVERHEAD, dtype=np.int64)
+    for i in range(4):
+        col = data.column(i)
+        offsets = np.frombuffer(col.buffers()[1], dtype=np.int32, count=len(col) + 1,
+                                offset=col.offset * 4)
+        sizes += np.diff(offsets)
+    return sizes
+
+
+def split_rows(data: pa.RecordBatch, widths: Sequence[int], max_bytes: int
+               ) -> list[tuple[int, int]]:
+    """Cut ``data`` (cells grouped by row, ``widths`` cells per row) into runs of whole
+    rows whose Arrow data is at most ``max_bytes`` each, as ``(start, end)`` cell
+    positions; a row larger than that is a run of its own."""
+    budget = max_bytes - _CHUNK_OVERHEAD
+    row_ends = np.cumsum(np.asarray(widths, dtype=np.int64))
+    spent = np.concatenate(([0], np.cumsum(cell_sizes(data))))[row_ends]  # bytes to row end
+    pieces: list[tuple[int, int]] = []
+    row = 0  # the first row of the next piece
+    while row < len(row_ends):
+        before = int(spent[row - 1]) if row else 0
+        last = max(row, int(np.searchsorted(spent, before + budget, side="right")) - 1)
+        start = int(row_ends[row - 1]) if row else 0
+        pieces.append((start, int(row_ends[last])))
+        row = last + 1
     return pieces
 
 
 def _rows_per_table(cells: Sequence[SnapshotCell]) -> Counter[str]:
     """The rows per table of a chunk's cells (whole rows, in row order: one run each).
     Counted only for the metrics, outside the hold: per-cell work costs the baseline."""
+    if type(cells) is RowCells:
+        return Counter(cells.tables)
     return Counter(table for (table, _row), _run in groupby(cells, key=itemgetter(0, 1)))
 
 
@@ -257,11 +279,39 @@ class _Run:
 
 def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                   progress: Callable[[SnapshotProgress], None] | None = None,
-                  flush_timeout: float | None = None) -> BaselineReport:
-    """``Agent.snapshot``: see the module docstring."""
+                  flush_timeout: float | None = None,
+                  journal: BaselineJournal | str | None = None) -> BaselineReport:
+    """``Agent.snapshot``: see the module docstring.
+
+    With a ``journal`` (``agent._baseline_journal``), in this order:
+
+    Step 1. Read it: ``closed`` (the last agent closed cleanly): record this agent
+    as running on from it and return its report, nothing else done.
+    Step 2. Record the new baseline as running.
+    Step 3. Take the baseline: chunk by chunk, then a quiescence point, then flush
+    (every chunk durable in the sink).
+    Step 4. Record it as done, with its report (a clean ``close()`` marks it closed).
+
+    A crash anywhere leaves ``running`` or ``done`` (or the older entry): the next call
+    takes a new baseline from chunk 0.
+    """
     lister = _lister(store)
+    if isinstance(journal, str):
+        journal = BaselineJournal.at(journal)
     with agent._snapshot_lock:  # one baseline at a time per agent
+        # Step 1.
+        previous = None if journal is None else journal.read()
+        if journal is not None and previous is not None and previous["state"] == "closed":
+            report = finished_report(previous)
+            journal.adopted(previous, agent.domain_id)
+            agent._baseline_journal = journal  # type: ignore[attr-defined]
+            return report
         run = _Run(agent, chunk_rows, progress)
+        # Step 2.
+        if journal is not None:
+            note_previous(journal, previous)
+            journal.started(agent.domain_id, run.baseline_id)
+        # Step 3.
         done = False
         while not done:
             agent._begin_hold()
@@ -275,7 +325,12 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
         with agent.batch():  # a quiescence point after the last chunk: consumers hand
             pass  # out the baseline's changes with the changeset of the next interval
         agent.flush(flush_timeout)
-        return run.report()
+        report = run.report()
+        # Step 4.
+        if journal is not None:
+            journal.finished(report, agent.domain_id)
+            agent._baseline_journal = journal  # type: ignore[attr-defined]
+        return report
 
 
 async def atake_baseline(agent: _Capture, store: object, *,

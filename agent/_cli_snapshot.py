@@ -4,6 +4,10 @@ Reads every cell of the ``[store]`` in chunks and ships them as snapshot records
 ``[sink]``, under an agent of its own. Run it while no other process writes the store
 (its agent holds back only its own writers); a program that writes the store while the
 baseline is taken calls ``Agent.snapshot()`` (or ``SidecarClient.snapshot()``) instead.
+
+With ``--journal URI`` (an object store: ``file:///dir``, ``s3://...``) a rerun after a
+baseline cut short (the command died) takes a new one from chunk 0, and a rerun after
+one that finished takes none and prints it (``agent._baseline_journal``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ def register(subparsers: Any) -> None:
                         help="a configuration file with [store] and [sink] (see config/)")
     parser.add_argument("--chunk-rows", type=int, default=10_000, metavar="N",
                         help="rows read per chunk (writers wait for one chunk at most)")
+    parser.add_argument("--journal", metavar="URI",
+                        help="an object store (file:///dir, s3://...) recording the "
+                        "baseline: a rerun retakes a cut one, skips a finished one")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
     parser.set_defaults(run=_run)
 
@@ -55,7 +62,8 @@ def _run(args: argparse.Namespace) -> int:
 
     agent = Agent(store, sink, **config.agent)
     try:
-        report = agent.snapshot(chunk_rows=args.chunk_rows, progress=progress)
+        report = agent.snapshot(chunk_rows=args.chunk_rows, progress=progress,
+                                journal=args.journal)
     except Exception as exc:  # the store or the sink failed: say which, exit 1
         print(f"cdc-agent snapshot: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -64,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         close = getattr(store, "close", None)
         if close is not None:
             close()
+    if report.domain_id != agent.domain_id:
+        print(f"already recorded  (journal {args.journal}: no baseline taken)")
     print(f"domain            {report.domain_id:016x}")
     print(f"baseline          {report.baseline_id:016x}")
     print(f"chunks            {report.chunks:,}")

@@ -9,9 +9,11 @@ key of the same table, or the start of the next table.
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from sequencer import RowKey, Value
+from sinks.codec import RowCells
 
 if TYPE_CHECKING:
     from agent._postgres_sql import Steps, TableInfo
@@ -52,12 +54,26 @@ def chunk_steps(info: TableInfo, lower: RowKey | None, limit: int, next_table: s
         params["lo"] = lower
     rows = yield query, params
     width = len(names)
-    cells: list[tuple[str, RowKey, str, Value]] = []
+    # Columns straight into RowCells (no tuple per cell): the row's values and their
+    # presence flags, compressed together.
+    keys: list[RowKey] = []
+    widths: list[int] = []
+    columns: list[str] = []
+    values: list[Value] = []
     for record in rows[:limit]:
-        row, values, presences = record[0], record[1:1 + width], record[1 + width:]
-        cells += [(info.name, row, name, value)
-                  for name, value, present in zip(names, values, presences, strict=True)
-                  if present]
+        presences = record[1 + width:]
+        present = presences.count(True)  # (NULL from a presence array: absent)
+        if not present:
+            continue
+        keys.append(record[0])
+        widths.append(present)
+        if present == width:
+            columns += names
+            values += record[1:1 + width]
+        else:
+            columns += compress(names, presences)
+            values += compress(record[1:1 + width], presences)
+    cells = RowCells([info.name] * len(keys), keys, widths, columns, values)
     if len(rows) > limit:
         return cells, (info.name, rows[limit][0])
     return cells, (None if next_table is None else (next_table, None))

@@ -12,10 +12,12 @@ import bisect
 import struct
 import threading
 from collections.abc import Mapping
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sequencer import ABSENT, Absent, RowKey, Value
-from sinks.codec import Bound, row_order
+from sinks.codec import Bound, RowCells, row_order
 
 if TYPE_CHECKING:
     from agent._baseline import CellChunk
@@ -94,7 +96,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         # While list_cells walks the store: its sorted row index, and the rows created
         # since it was built (merged in at the next call).
-        self._index: list[tuple[str, bool, RowKey]] | None = None
+        self._index: list[tuple[str, RowKey]] | None = None
         self._created: list[tuple[str, RowKey]] | None = None
         for (table, row, column), value in (cells or {}).items():
             self._rows.setdefault((table, row), {})[column] = value
@@ -161,7 +163,8 @@ class MemoryStore:
 
     def list_cells(self, start: Bound | None, limit: int) -> CellChunk:
         """The cells of ``limit`` rows from ``start`` on, in snapshot row order (for
-        ``Agent.snapshot``, which calls it while no write runs).
+        ``Agent.snapshot``, which calls it while no write runs), as ``RowCells``
+        columns: no tuple per cell, since this runs while writers wait.
 
         ``start=None`` sorts the rows once; later calls continue from that index, with
         the rows created since merged in, so a whole walk costs one sort.
@@ -170,27 +173,48 @@ class MemoryStore:
 
         with self._lock:
             if start is None or self._index is None:
-                # (table, is_str, row): the same order as sinks' row_order (False == 0).
-                self._index = sorted([(t, type(r) is str, r) for t, r in self._rows])
+                self._index = _sorted_rows(self._rows)
                 self._created = []
             index = self._index
             assert self._created is not None
-            for table, row in self._created:
-                entry = (table, type(row) is str, row)
-                at = bisect.bisect_left(index, entry)
-                if at == len(index) or index[at] != entry:
-                    index.insert(at, entry)
+            for key in self._created:
+                at = bisect.bisect_left(index, _row_sort_key(key), key=_row_sort_key)
+                if at == len(index) or index[at] != key:
+                    index.insert(at, key)
             self._created = []
-            pos = 0 if start is None else bisect.bisect_left(index, row_order(*start))
+            pos = 0 if start is None else bisect.bisect_left(
+                index, row_order(*start), key=_row_sort_key)
             end = min(pos + limit, len(index))
-            get = self._rows.get
-            out = [(t, r, c, v) for t, _kind, r in index[pos:end]
-                   for c, v in (get((t, r)) or _NO_CELLS).items()]  # None: deleted since
+            keys = index[pos:end]
+            found = list(map(self._rows.get, keys, repeat(_NO_CELLS)))  # {}: deleted since
+            widths = list(map(len, found))
+            if 0 in widths:
+                keys = [k for k, w in zip(keys, widths, strict=True) if w]
+                found = [cells for cells in found if cells]
+                widths = [w for w in widths if w]
+            out = RowCells(list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys)),
+                           widths, list(chain.from_iterable(found)),
+                           list(chain.from_iterable(map(dict.values, found))))
             if end >= len(index):
                 self._index = self._created = None
                 return CellChunk(out, None)
-            table, _kind, row = index[end]
-            return CellChunk(out, (table, row))
+            return CellChunk(out, index[end])
+
+
+def _sorted_rows(rows: dict[tuple[str, RowKey], dict[str, Value]]) -> list[tuple[str, RowKey]]:
+    """The row dict's own (table, row) keys in snapshot row order. Plain tuple order is
+    that order (and several times faster) unless a table mixes int and str keys: then
+    the sort meets an int beside a str (it compares every pair it leaves adjacent) and
+    raises TypeError, and the explicit key is used."""
+    try:
+        return sorted(rows)
+    except TypeError:
+        return sorted(rows, key=_row_sort_key)
+
+
+def _row_sort_key(key: tuple[str, RowKey]) -> tuple[str, bool, RowKey]:
+    """A row's place in snapshot row order, as ``sinks.codec.row_order`` (False == 0)."""
+    return (key[0], type(key[1]) is str, key[1])
 
 
 class AsyncMemoryStore:

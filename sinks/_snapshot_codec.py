@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from itertools import chain, repeat
+from typing import Any, Final, overload
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +31,8 @@ from sinks.codec import (
     encode_values,
 )
 
-__all__ = ["SNAPSHOT_SCHEMA", "Bound", "SnapshotChunk", "chunk_digest", "decode_snapshot",
-           "encode_snapshot", "row_order"]
+__all__ = ["SNAPSHOT_SCHEMA", "Bound", "RowCells", "SnapshotChunk", "cells_batch",
+           "chunk_digest", "decode_snapshot", "encode_snapshot", "row_order"]
 
 SNAPSHOT_VERSION: Final = 2  # the first codec version with kind 0x03
 
@@ -63,6 +64,66 @@ def row_order(table: str, row: RowKey | None) -> tuple[str, int, RowKey | int]:
     return (table, 0, row) if type(row) is int else (table, 1, row)
 
 
+class RowCells(Sequence[SnapshotCell]):
+    """A chunk's cells as columns, grouped by row: what a store's ``list_cells`` returns
+    cheaply (no tuple per cell) and ``SnapshotChunk.build`` lays into Arrow directly.
+
+    Per row: ``tables``, ``rows`` and ``widths`` (its cell count, at least 1); per cell,
+    row after row: ``columns`` and ``values``. Rows are in snapshot row order. As a
+    sequence it is the ``(table, row, column, value)`` tuples, built on demand.
+    """
+
+    __slots__ = ("columns", "rows", "tables", "values", "widths")
+
+    def __init__(self, tables: list[str], rows: list[RowKey], widths: list[int],
+                 columns: list[str], values: list[Value]) -> None:
+        self.tables, self.rows, self.widths = tables, rows, widths
+        self.columns, self.values = columns, values
+
+    @classmethod
+    def of(cls, cells: Sequence[SnapshotCell]) -> RowCells:
+        """``cells`` (any order) grouped by row in snapshot row order (stable within a
+        row)."""
+        if type(cells) is RowCells:
+            return cells
+        ordered = sorted(cells, key=lambda c: row_order(c[0], c[1]))
+        tables: list[str] = []
+        rows: list[RowKey] = []
+        widths: list[int] = []
+        last: tuple[str, RowKey] | None = None
+        for table, row, _column, _value in ordered:
+            if last is None or last[0] != table or type(last[1]) is not type(row) \
+                    or last[1] != row:
+                last = (table, row)
+                tables.append(table)
+                rows.append(row)
+                widths.append(0)
+            widths[-1] += 1
+        return cls(tables, rows, widths, [c[2] for c in ordered], [c[3] for c in ordered])
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __iter__(self) -> Iterator[SnapshotCell]:
+        tables = chain.from_iterable(map(repeat, self.tables, self.widths))
+        rows = chain.from_iterable(map(repeat, self.rows, self.widths))
+        return zip(tables, rows, self.columns, self.values, strict=True)
+
+    @overload
+    def __getitem__(self, index: int) -> SnapshotCell: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SnapshotCell]: ...
+
+    def __getitem__(self, index: int | slice) -> SnapshotCell | list[SnapshotCell]:
+        return list(self)[index]  # seldom used (tests): the columns are the fast path
+
+    def row_slices(self) -> list[tuple[int, int]]:
+        """Each row's ``(first cell, end)`` positions."""
+        ends = np.cumsum(np.asarray(self.widths, dtype=np.int64)).tolist()
+        return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotChunk:
     """One chunk of a baseline: every present cell of rows ``lo <= row < hi`` as they
@@ -88,17 +149,20 @@ class SnapshotChunk:
     def build(cls, domain_id: int, epoch_seq: int, end_id: int, baseline_id: int,
               index: int, last: bool, lo: Bound | None, hi: Bound | None,
               cells: Sequence[SnapshotCell]) -> SnapshotChunk:
-        """A chunk of ``cells`` (in any order), its count and setsum filled in."""
-        tables = [c[0] for c in cells]
-        data = pa.RecordBatch.from_arrays(
-            [pa.array(tables, pa.utf8()), _encode_column([c[1] for c in cells], encode_keys),
-             pa.array([c[2] for c in cells], pa.utf8()),
-             _encode_column([c[3] for c in cells], encode_values)],
-            schema=SNAPSHOT_SCHEMA)
+        """A chunk of ``cells`` (in any order; ``RowCells`` is the fast path), its
+        count and setsum filled in."""
+        return cls.of_data(domain_id, epoch_seq, end_id, baseline_id, index, last, lo, hi,
+                           cells_batch(cells))
+
+    @classmethod
+    def of_data(cls, domain_id: int, epoch_seq: int, end_id: int, baseline_id: int,
+                index: int, last: bool, lo: Bound | None, hi: Bound | None,
+                data: pa.RecordBatch) -> SnapshotChunk:
+        """A chunk of cells already laid out as a ``SNAPSHOT_SCHEMA`` batch."""
         digest = chunk_digest(domain_id, epoch_seq, end_id, baseline_id, index, last, lo, hi,
                               data)
         return cls(domain_id, epoch_seq, end_id, baseline_id, index, last, lo, hi, data,
-                   len(cells), Setsum.of_digests([digest]).hexdigest())
+                   data.num_rows, Setsum.of_digests([digest]).hexdigest())
 
     def __len__(self) -> int:
         return int(self.data.num_rows)
@@ -119,6 +183,29 @@ class SnapshotChunk:
 _FIXED_TAGS: Final = {int: (2, ">i8"), float: (3, ">f8")}
 
 
+def cells_batch(cells: Sequence[SnapshotCell]) -> pa.RecordBatch:
+    """The ``SNAPSHOT_SCHEMA`` batch of ``cells``: a ``RowCells`` is laid out by row
+    (each row's table and key encoded once, then repeated by Arrow's ``take``); any
+    other sequence column by column, in its own order."""
+    if type(cells) is not RowCells:
+        return pa.RecordBatch.from_arrays(
+            [pa.array([c[0] for c in cells], pa.utf8()),
+             _encode_column([c[1] for c in cells], encode_keys),
+             pa.array([c[2] for c in cells], pa.utf8()),
+             _encode_column([c[3] for c in cells], encode_values)],
+            schema=SNAPSHOT_SCHEMA)
+    widths = np.asarray(cells.widths, dtype=np.int64)
+    if len(widths) and (widths == widths[0]).all():  # rows of equal width: no repeat
+        per_row = pa.array(np.arange(len(cells.columns), dtype=np.int32) // int(widths[0]))
+    else:
+        per_row = pa.array(np.repeat(np.arange(len(widths), dtype=np.int32), widths))
+    return pa.RecordBatch.from_arrays(
+        [_repeated(pa.array(cells.tables, pa.utf8()), per_row),
+         _repeated(_encode_column(cells.rows, encode_keys), per_row),
+         pa.array(cells.columns, pa.utf8()), _encode_column(cells.values, encode_values)],
+        schema=SNAPSHOT_SCHEMA)
+
+
 def _encode_column(values: list[Any], encode: Callable[[list[Any]], pa.Array]) -> pa.Array:
     """``encode`` (``encode_values`` or ``encode_keys``) of a chunk's column, the same
     bytes; a column of only ints or only floats (a baseline's usual case) is laid out
@@ -135,6 +222,13 @@ def _encode_column(values: list[Any], encode: Callable[[list[Any]], pa.Array]) -
     offsets = np.arange(0, 9 * n + 1, 9, dtype=np.int32)
     return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
                                                         pa.py_buffer(raw)])
+
+
+def _repeated(per_row: pa.Array, positions: pa.Array) -> pa.Array:
+    """``per_row.take(positions)`` without the validity bitmap ``take`` adds (the
+    columns have no nulls): the same bytes as a column built cell by cell."""
+    taken = per_row.take(positions)
+    return pa.Array.from_buffers(taken.type, len(taken), [None, *taken.buffers()[1:]])
 
 
 def _bound_bytes(bound: Bound | None) -> bytes:

@@ -16,7 +16,8 @@ def test_stable_names_are_exported() -> None:
     promised = {
         agent: {"ABSENT", "Agent", "MemoryStore", "AsyncAgent", "InvalidWrite",
                 "PostgresStore", "AsyncPostgresStore", "TableSpec", "BaselineReport",
-                "CellChunk", "ListableStore", "SnapshotProgress"},
+                "CellChunk", "ListableStore", "SnapshotProgress", "BaselineJournal",
+                "JournalError"},
         sequencer: {"ChangeEvent", "EpochRecord", "MonotonicIds", "NATIVE", "NATIVE_ERROR"},
         sinks: {"MemorySink", "Setsum", "Sink", "EventBatch", "SnapshotChunk",
                 # shared by agent and replay, which may not import each other

@@ -17,16 +17,29 @@ once every open batch has closed; the client then lists the rows from `lo` (its 
 ``list_cells``) and sends them with `snapshot_chunk`, which records the chunk at that
 point and lets the writers go. A connection that ends while holding lets them go too.
 The last chunk (``hi`` null) is followed by a quiescence point the sidecar makes.
+
+Chunks must come in order: `index` 0 with `baseline` null, then 1, 2, ... with the id
+the first reply gave; anything else is refused (`bad_request`) and records nothing. The
+sidecar numbers the chunks it ships itself, so a chunk larger than its sink's
+``snapshot_max_bytes`` (Kafka's message limit) ships as several chunks of whole rows
+at the same point, as an agent's does (the client's count is of the chunks it sent).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from agent._baseline import CellChunk, PendingSnapshot, SnapshotProgress, _await_quiescent
+from agent._baseline import (
+    CellChunk,
+    ChunkNumbering,
+    PendingSnapshot,
+    SnapshotProgress,
+    _await_quiescent,
+)
 from agent.sidecar import _protocol as p
 from sequencer import ABSENT
 from sinks.codec import Bound
@@ -54,6 +67,39 @@ class SnapshotChunkRequest:
     hi: Bound | None
     cells: list[tuple[str, Any, str, Any]]
     cancel: bool = False  # the client could not read its chunk: let writers go, record nothing
+
+
+@dataclass
+class _Running:
+    """A baseline the sidecar is recording: the client's next chunk, and the numbering
+    of the chunks shipped (a client chunk may ship as several)."""
+
+    next_index: int = 0
+    numbering: ChunkNumbering = field(default_factory=ChunkNumbering)
+
+
+# Per sidecar: the baselines under way, by id (gone once their last chunk came).
+_RUNNING: weakref.WeakKeyDictionary[object, dict[int, _Running]] = weakref.WeakKeyDictionary()
+
+
+def _running(capture: object, request: SnapshotChunkRequest) -> tuple[int | None, _Running]:
+    """The baseline ``request`` continues (or starts), checked to be the chunk due."""
+    baselines = _RUNNING.setdefault(capture, {})
+    if request.baseline is None:
+        if request.index != 0:
+            raise p.ProtocolError(p.BAD_REQUEST, f"snapshot_chunk {request.index} names no "
+                                  "baseline: a baseline starts with index 0 and baseline "
+                                  "null, then sends the id the first reply gave")
+        return None, _Running()  # a new baseline: its id is taken by the caller
+    running = baselines.get(request.baseline)
+    if running is None:
+        raise p.ProtocolError(p.BAD_REQUEST, f"baseline {request.baseline:016x} is not under "
+                              "way on this sidecar (it finished, or the sidecar restarted): "
+                              "start a new one from chunk 0 with baseline null")
+    if request.index != running.next_index:
+        raise p.ProtocolError(p.BAD_REQUEST, f"snapshot_chunk {request.index} of baseline "
+                              f"{request.baseline:016x}: chunk {running.next_index} is due")
+    return request.baseline, running
 
 
 def _bound(message: dict[str, Any], name: str) -> Bound | None:
@@ -121,10 +167,18 @@ async def handle_snapshot(capture: _Capture, holds: set[int], connection: object
         release_hold(capture, holds, connection)
         return p.encode_reply(request.id, baseline=None)
     try:
-        baseline = request.baseline if request.baseline is not None else capture._ids.next()
+        baseline, running = _running(capture, request)
+        if baseline is None:
+            baseline = capture._ids.next()
+        running.next_index += 1
+        baselines = _RUNNING.setdefault(capture, {})
+        if request.hi is None:
+            baselines.pop(baseline, None)
+        else:
+            baselines[baseline] = running
         capture._shipper.put(PendingSnapshot(  # type: ignore[arg-type]
             capture.domain_id, capture._last_point, baseline, request.index, request.lo,
-            request.hi, request.cells))
+            request.hi, request.cells, running.numbering))
     finally:
         release_hold(capture, holds, connection)
     if request.hi is None:  # a quiescence point after the last chunk

@@ -23,7 +23,12 @@ from sinks.kafka._errors import (
     KafkaSinkError,
     KafkaUnavailable,
 )
-from sinks.kafka._snapshots import MESSAGE_MAX_BYTES, snapshot_budget, snapshot_message
+from sinks.kafka._snapshots import (
+    MESSAGE_MAX_BYTES,
+    oversized,
+    snapshot_budget,
+    snapshot_message,
+)
 
 __all__ = ["ENCODINGS", "KafkaSink"]
 
@@ -257,17 +262,13 @@ class KafkaSink:
         of its quiescence point (``sinks.kafka._snapshots``); durable with ``flush()``."""
         self._check_healthy()
         message = snapshot_message(chunk, self.encoding, self.partitions, self.name)
-        size = len(message.value or b"") + sum(len(raw) for _name, raw in message.headers)
-        if size > self.message_max_bytes:
-            reason = (f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} is "
-                      f"{size} bytes, more than message.max.bytes ({self.message_max_bytes}) "
-                      "(the agent cuts chunks to snapshot_max_bytes, but not within a row, "
-                      "nor the sidecar's)")
+        reason = oversized(chunk, message, self.message_max_bytes)
+        if reason is not None:
             self._failures.append((self.topic, SNAPSHOT_PARTITION, reason))
             raise KafkaDeliveryError(
                 f"{reason}; nothing of it was sent and the sink accepts nothing more; raise "
                 "message.max.bytes (the producer's config and the topic's "
-                "max.message.bytes) above the largest row, or lower chunk_rows")
+                "max.message.bytes) above it (a smaller chunk_rows cannot cut a row)")
         self._produce_one(self.topic, message.value, message.key, message.partition,
                           message.headers or None)
         for row in message.rows:  # Debezium: the chunk's cells as op "r" records

@@ -19,9 +19,13 @@ plain Debezium consumer sees the baseline's rows before any later change of them
 (``sinks.codec.encode_debezium_read``; cdc-agent's consumer skips them).
 
 A chunk is one message, so it must fit ``message.max.bytes``: the sink offers
-``snapshot_max_bytes`` (``snapshot_budget``), and the agent cuts a chunk larger than
-that into several, of whole rows (``agent._baseline.PendingSnapshot``). A single row
-larger than the limit is refused with a ``KafkaDeliveryError`` saying so.
+``snapshot_max_bytes`` (``snapshot_budget``), and the agent (and the sidecar) cut a
+chunk larger than that into several, of whole rows (``agent._baseline.PendingSnapshot``).
+What still cannot fit is refused before any message of the chunk is handed to the
+producer (``oversized``), with a ``KafkaDeliveryError`` naming it: a single row larger
+than the limit, or (Debezium) one cell whose read record is larger than the limit
+although its chunk fits (a bytes value is base64 in JSON: about 4/3 of its size, so a
+cell over about 3/4 of ``message.max.bytes`` cannot travel as a read record).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from sinks.codec import (
 )
 from sinks.kafka._markers import Marker
 
-__all__ = ["MESSAGE_MAX_BYTES", "SnapshotMessage", "snapshot_budget", "snapshot_message"]
+__all__ = ["MESSAGE_MAX_BYTES", "SnapshotMessage", "oversized", "snapshot_budget",
+           "snapshot_message"]
 
 MESSAGE_MAX_BYTES: Final = 1_000_000  # librdkafka's default message.max.bytes
 
@@ -80,3 +85,28 @@ def snapshot_message(chunk: SnapshotChunk, encoding: str, partitions: int = 1,
             for cell, (row_key, row_value) in zip(cell_keys, encode_debezium_read(
                 chunk, name=name), strict=True)]
     return SnapshotMessage(SNAPSHOT_PARTITION, key, None, [(HEADER_SNAPSHOT, raw)], rows)
+
+
+def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None
+          ) -> int:
+    """A message's bytes as the producer counts them against ``message.max.bytes``."""
+    return (len(key or b"") + len(value or b"")
+            + sum(len(name) + len(raw) for name, raw in headers or ()))
+
+
+def oversized(chunk: SnapshotChunk, message: SnapshotMessage, limit: int) -> str | None:
+    """Why ``message`` (a chunk and its read records) cannot be sent within ``limit``
+    bytes per message, or None when every part fits."""
+    size = _size(message.key, message.value, message.headers)
+    if size > limit:
+        return (f"snapshot chunk {chunk.index} of baseline {chunk.baseline_id:#x} is {size} "
+                f"bytes, more than message.max.bytes ({limit}) (chunks are cut to "
+                "snapshot_max_bytes, but never within a row)")
+    for row in message.rows:
+        size = _size(row.key, row.value, row.headers)
+        if size > limit:
+            return (f"the op \"r\" read record of cell {row.key!r} in snapshot chunk "
+                    f"{chunk.index} of baseline {chunk.baseline_id:#x} is {size} bytes, more "
+                    f"than message.max.bytes ({limit}) although its chunk fits (a cell "
+                    "travels whole in one read record, bytes as base64)")
+    return None

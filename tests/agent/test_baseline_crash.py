@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import Agent, MemoryStore
+from agent import Agent, BaselineJournal, JournalError, MemoryStore
 from replay import Assembler
 from sinks.codec import encode_value
 from sinks.objstore import Call, Crash, InMemoryObjectStore
@@ -142,3 +142,83 @@ def test_dying_at_every_chunk_never_shows_a_state_the_store_did_not_have(
         asm.check_gaps()
         assert whole >= 2, k
         assert _bits(asm.state) == _bits(store.snapshot()), k
+
+
+_JOURNAL = "agent/baseline-journal.json"
+
+
+def _journaled_run(objects: Any, store: MemoryStore) -> None:
+    agent = Agent(store, Wal3Sink(objects, options=_OPTIONS))
+    try:
+        agent.set("t", 1, "a", "first")
+        agent.snapshot(chunk_rows=7, journal=BaselineJournal(objects, _JOURNAL))
+        agent.set("t", 2, "b", "after")
+    finally:
+        with contextlib.suppress(BaseException):
+            agent.close(timeout=10)
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
+        phase: str) -> None:
+    """Crash at every store call of a journaled baseline (the journal's own puts among
+    them, on the same in-memory object store), then restart and call
+    ``snapshot(journal=...)`` as a program does at every start: after a crash (a cut
+    baseline, or writes after a finished one lost) a new baseline is taken from chunk 0
+    with no manual step; after a clean close none is; a consumer given nothing rebuilds
+    the store either way, and the clean close of the restart marks the journal."""
+    reference = InMemoryObjectStore("journal-reference", sleep=no_sleep)
+    _journaled_run(reference, _store())
+    total = sum(1 for c in reference.calls if c.phase == "before")
+    outcomes = set()
+    for step in range(1, total + 1):
+        objects = InMemoryObjectStore(f"journal-{phase}-{step}", sleep=no_sleep)
+        fired: list[bool] = []
+        objects.on_step = _crash_at(step, phase, fired)
+        store = _store()
+        with contextlib.suppress(BaseException):
+            _journaled_run(ProcessStore(objects), store)
+        objects.on_step = None
+        journal = BaselineJournal(objects, _JOURNAL)
+        entry = journal.read()
+        finished = entry is not None and entry["state"] == "closed"
+        with Agent(store, Wal3Sink(objects, options=_OPTIONS)) as agent:
+            report = agent.snapshot(chunk_rows=7, journal=journal)
+            agent.set("t", 3, "a", "restarted")
+        assert (report.domain_id != agent.domain_id) is finished, (phase, step)
+        assert journal.read()["state"] == "closed"  # type: ignore[index]
+        snaps = list(Assembler().replay(read_log(objects)))
+        assert _bits(snaps[-1].state) == _bits(store.snapshot()), (phase, step)
+        if fired:
+            outcomes.add(finished)
+        else:  # this run made fewer store calls (the writer batches in the background)
+            assert finished, (phase, step)
+    # A crash before any call leaves no clean close; after the last (the journal's
+    # "closed"), the restart finds it and takes no baseline.
+    assert outcomes == ({False} if phase == "before" else {True, False})
+
+
+def _crash_at(step: int, phase: str, fired: list[bool]) -> Any:
+    seen = [0]
+
+    def hook(call: Call) -> None:
+        if call.phase == "before":
+            seen[0] += 1
+        if call.phase == phase and seen[0] == step:
+            seen[0] = -10**9  # fire once
+            fired.append(True)
+            raise Crash(f"crash {phase} store call {step}")
+
+    return hook
+
+
+def test_a_journal_from_another_version_is_refused_clearly() -> None:
+    """A journal object this version did not write is refused, naming what to do."""
+    objects = InMemoryObjectStore("journal-bad", sleep=no_sleep)
+    objects.put(_JOURNAL, b'{"version": 9, "state": "done"}')
+    with Agent(_store(), Wal3Sink(objects, options=_OPTIONS)) as agent, \
+            pytest.raises(JournalError, match="remove it"):
+        agent.snapshot(journal=BaselineJournal(objects, _JOURNAL))
+    objects.put(_JOURNAL, b"not json")
+    with pytest.raises(JournalError, match="not a journal"):
+        BaselineJournal(objects, _JOURNAL).read()

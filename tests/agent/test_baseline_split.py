@@ -17,7 +17,7 @@ from agent import Agent, MemoryStore
 from agent._baseline import split_rows
 from replay import Assembler
 from sinks import MemorySink, SinkBackpressure
-from sinks.codec import SnapshotChunk, row_order
+from sinks.codec import RowCells, SnapshotChunk, cells_batch, row_order
 from tests.agent.test_baseline import _bits, _prepopulated, _writer
 
 
@@ -104,13 +104,22 @@ def test_chunks_fit_the_sink_and_a_consumer_rebuilds_the_store(
 
 
 def test_split_rows_keeps_rows_whole_and_in_order() -> None:
+    """Pieces are runs of whole rows in row order, each within the budget unless a
+    single row is larger (then it is a piece of its own)."""
     cells = [("t", 2, "a", "x" * 50), ("t", 1, "a", "y" * 50), ("t", 1, "b", "z" * 50),
              ("s", "k", "a", 1), ("t", 3, "a", b"w" * 500)]
-    pieces = split_rows(cells, 120)  # type: ignore[arg-type]
-    flat = [c for piece in pieces for c in piece]
+    grouped = RowCells.of(cells)  # type: ignore[arg-type]
+    data = cells_batch(grouped)
+    pieces = split_rows(data, grouped.widths, 120)
+    flat = [c for start, end in pieces for c in _decoded(data.slice(start, end - start))]
     assert sorted(flat, key=lambda c: (row_order(c[0], c[1]), c[2])) == flat
     assert sorted(map(repr, flat)) == sorted(map(repr, cells))
-    rows = [[(c[0], c[1]) for c in piece] for piece in pieces]
+    rows = [[(c[0], c[1]) for c in _decoded(data.slice(start, end - start))]
+            for start, end in pieces]
     # (t, 1) is two cells of 78 bytes: whole, it does not fit beside (s, k) (29 bytes)
     assert rows == [[("s", "k")], [("t", 1), ("t", 1)], [("t", 2)], [("t", 3)]]
-    assert split_rows(cells, 10_000) == [flat]  # type: ignore[arg-type]
+    assert split_rows(data, grouped.widths, 10_000) == [(0, len(cells))]
+
+
+def _decoded(data: Any) -> list[Any]:
+    return SnapshotChunk.of_data(1, 1, 1, 1, 0, True, None, None, data).cells()

@@ -4,6 +4,7 @@ a baseline, then ``cdc-agent log verify`` on the wal3 log it wrote."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from agent import MemoryStore
 from agent.sidecar import Sidecar, SidecarClient
 from replay import Assembler
+from sinks import MemorySink
 from sinks.wal3 import Wal3Sink, read_log
 from tests.agent._sidecar import Raw, short_dir
 from tests.helpers import bits
@@ -120,3 +122,76 @@ def test_bad_snapshot_requests_are_refused_clearly(request_: dict[str, Any],
         raw.close()
         sidecar.stop()
         thread.join(30)
+
+
+@pytest.mark.parametrize(("chunks", "message"), [
+    ([{"baseline": None, "index": 1}], "a baseline starts with index 0"),
+    ([{"baseline": "00000000000000ab", "index": 0}], "is not under way"),
+    ([{"baseline": None, "index": 0, "hi": ["t", 5]}, {"index": 2}], "chunk 1 is due"),
+    ([{"baseline": None, "index": 0, "hi": ["t", 5]}, {"index": 0}], "chunk 1 is due"),
+])
+def test_chunks_out_of_order_are_refused_and_let_writers_go(
+        chunks: list[dict[str, Any]], message: str) -> None:
+    """A chunk that is not the one due (a gap, a repeat, a baseline the sidecar does not
+    run) is refused before anything is recorded, and the hold is released."""
+    with short_dir() as tmp:
+        sink = MemorySink()
+        sidecar = Sidecar(sink)
+        sock = tmp / "agent.sock"
+        thread = _serve(sidecar, sock)
+        raw = Raw(sock)
+        baseline = None
+        for i, chunk in enumerate(chunks):
+            assert raw.call({"op": "snapshot_hold"})["ok"]
+            request = {"op": "snapshot_chunk", "baseline": baseline, "cells": [], **chunk}
+            reply = raw.call(request)
+            if i < len(chunks) - 1:
+                assert reply["ok"], reply
+                baseline = reply["baseline"]
+        assert reply["ok"] is False and message in reply["message"], reply
+        assert raw.open()  # writers are not held
+        raw.close()
+        sidecar.stop()
+        thread.join(30)
+        assert len(sink.snapshot_chunks) == len(chunks) - 1
+
+
+class _SmallMessages(MemorySink):
+    """Takes snapshot chunks of at most ``snapshot_max_bytes`` (as KafkaSink does)."""
+
+    snapshot_max_bytes = 600
+
+
+def test_sidecar_chunks_are_cut_to_the_sinks_message_size() -> None:
+    """The sidecar cuts a client's chunk larger than the sink's snapshot_max_bytes into
+    chunks of whole rows at the same point, numbered in order across the client's
+    chunks; a consumer given nothing rebuilds the store."""
+    with short_dir() as tmp:
+        store = MemoryStore({("t", i, c): f"{i}-{c}-" + "x" * 40 for i in range(60)
+                             for c in "ab"} | {("t", 99, "big"): b"y" * 2000})
+        sink = _SmallMessages()
+        sidecar = Sidecar(sink)
+        sock = tmp / "agent.sock"
+        thread = _serve(sidecar, sock)
+        client = SidecarClient(str(sock), store)
+        report = client.snapshot(chunk_rows=25)
+        client.set("t", 1, "a", "after")
+        client.flush()
+        client.close()
+        sidecar.stop()
+        thread.join(30)
+    chunks = sink.snapshot_chunks
+    assert report["chunks"] == 3 and len(chunks) > 6
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert chunks[0].lo is None and chunks[-1].hi is None and chunks[-1].last
+    for before, after in itertools.pairwise(chunks):
+        assert after.lo == before.hi
+    for chunk in chunks:
+        rows = {(t, r) for t, r, _c, _v in chunk.cells()}
+        assert chunk.data.nbytes <= 600 or rows == {("t", 99)}
+    asm = Assembler()
+    state = None
+    for record in sink.records:
+        for _changeset in asm.feed(record):
+            state = asm.state
+    assert state is not None and bits(state) == bits(store.snapshot())

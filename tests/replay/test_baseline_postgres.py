@@ -100,7 +100,8 @@ def test_async_postgres_store_lists_the_same_cells(pg_server: Any) -> None:
 def test_cdc_agent_snapshot_of_a_configured_postgres_store(pg_server: Any,
                                                            tmp_path: Path) -> None:
     """``cdc-agent snapshot --config`` records the tables; a consumer from nothing
-    rebuilds them from the wal3 log, and ``log verify`` passes."""
+    rebuilds them from the wal3 log, and ``log verify`` passes. With ``--journal``, a
+    rerun after it finished takes no second baseline."""
     dsn = pg_server.create_database("baseline_cli")
     create_demo_tables(dsn)
     _fill(dsn, 3)
@@ -113,11 +114,16 @@ def test_cdc_agent_snapshot_of_a_configured_postgres_store(pg_server: Any,
         "[store.tables.cdc_demo_labels]\nkey_column = \"name\"\ncolumns = [\"hits\", \"tag\"]\n"
         f"[sink]\nkind = \"wal3\"\nuri = \"file://{tmp_path / 'log'}\"\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--config",
-                             str(config), "--chunk-rows", "64"], capture_output=True,
-                            text=True, env=env, timeout=120, check=False)
+    command = [sys.executable, "-m", "agent.cli", "snapshot", "--config", str(config),
+               "--chunk-rows", "64", "--journal", f"file://{tmp_path / 'journal'}"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                            check=False)
     assert result.returncode == 0, result.stderr
-    assert "cells             720" in result.stdout
+    assert "cells             720" in result.stdout and "already" not in result.stdout
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert "already recorded" in again.stdout and "cells             720" in again.stdout
     with PostgresStore(dsn, DEMO_TABLES) as store:
         final = bits(store.snapshot())
     snaps = list(Assembler().replay(read_log(f"file://{tmp_path / 'log'}")))

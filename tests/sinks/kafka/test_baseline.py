@@ -3,6 +3,7 @@ point's markers, and a consumer given nothing rebuilds the pre-populated store."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -17,6 +18,7 @@ from replay.kafka import KafkaLog, consume_consistent
 from sinks import RecordingSink
 from sinks.codec import SnapshotChunk, encode_value
 from sinks.kafka import KafkaSink
+from sinks.kafka._snapshots import snapshot_budget
 from tests.agent.test_baseline import _bits, _prepopulated, _writer
 from tests.services.kafka import KafkaBroker
 from tests.sinks.kafka._simulate import Feeder, simulate_topic
@@ -170,3 +172,51 @@ def test_big_values_fit_kafka_messages_with_default_settings(
             reads[(table, row, column)] = encode_value(value)
     assert reads == baseline
     assert last == 1
+
+
+def _one_cell_chunk(value: Any) -> SnapshotChunk:
+    return SnapshotChunk.build(7, 1, 2, 3, 0, True, None, None, [("blob", 1, "v", value)])
+
+
+def test_oversized_names_a_read_record_too_big_although_its_chunk_fits() -> None:
+    """A bytes cell of 14,950 bytes: its chunk fits 20,000-byte messages (native and
+    the Debezium chunk message), but its op "r" record (base64 in JSON) does not, and
+    ``oversized`` says so; with room for it, nothing is oversized."""
+    from sinks.kafka._snapshots import oversized, snapshot_message
+
+    chunk = _one_cell_chunk(b"\x01" * 14_950)
+    assert chunk.data.nbytes < snapshot_budget(20_000)
+    assert oversized(chunk, snapshot_message(chunk, "native"), 20_000) is None
+    debezium = snapshot_message(chunk, "debezium")
+    reason = oversized(chunk, debezium, 20_000)
+    assert reason is not None and "read record" in reason and "20000" in reason
+    assert oversized(chunk, debezium, 30_000) is None
+    whole = oversized(chunk, debezium, 10_000)
+    assert whole is not None and "snapshot chunk 0" in whole  # the chunk first
+
+
+@pytest.mark.kafka
+def test_a_cell_too_big_for_its_read_record_is_refused_before_anything_is_sent(
+        kafka_broker: KafkaBroker, kafka_topic: Any) -> None:
+    """Debezium, message.max.bytes 20,000: a baseline holding a 14,950-byte cell fails
+    with a KafkaDeliveryError naming the read record, and no message of that chunk (nor
+    of its cells) reached the topic."""
+    from sinks.kafka import KafkaDeliveryError
+    from tests.sinks.kafka.test_sink import read_raw
+
+    topic = kafka_topic(2)
+    store = MemoryStore({("blob", 1, "v"): b"\x01" * 14_950, ("small", 1, "a"): 1})
+    sink = KafkaSink(kafka_broker.bootstrap, topic, partitions=2, encoding="debezium",
+                     config={"message.max.bytes": 20_000})
+    agent = Agent(store, sink)
+    with pytest.raises(Exception, match="read record") as caught:
+        agent.snapshot()
+    chain = [caught.value, caught.value.__cause__, caught.value.__context__]
+    assert any(isinstance(e, KafkaDeliveryError) for e in chain), chain
+    with contextlib.suppress(Exception):
+        agent.close(timeout=10)
+    for messages in read_raw(kafka_broker.bootstrap, topic, 2):
+        for message in messages:
+            assert not dict(message.headers() or []).get("cdc-agent-snapshot"), "chunk sent"
+            if message.value() is not None:
+                assert json.loads(message.value())["op"] != "r"
