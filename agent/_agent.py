@@ -149,6 +149,8 @@ class _Capture:
         self._closing = False  # set by close(): no new batch, the sequencer drains
         self._closed = False
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # Set by a journaled snapshot(): a clean close() marks the journal closed.
+        self._baseline_journal: BaselineJournal | None = None
         # Baseline snapshots (agent._baseline): while _hold > 0 no new batch opens, and
         # _last_point is the last quiescence point, (epoch_seq, end_id): (0, 0) at start.
         self._hold = 0
@@ -202,7 +204,7 @@ class _Capture:
         finally:
             self._shipper.stop()
             self._sink.close()
-        journal = getattr(self, "_baseline_journal", None)
+        journal = self._baseline_journal
         if journal is not None:  # every write is in the log: no baseline needed next start
             journal.closed(self.domain_id)
         log.info("cdc.agent_closed", domain_id=f"{self.domain_id:016x}", **self.stats)

@@ -304,7 +304,7 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
         if journal is not None and previous is not None and previous["state"] == "closed":
             report = finished_report(previous)
             journal.adopted(previous, agent.domain_id)
-            agent._baseline_journal = journal  # type: ignore[attr-defined]
+            agent._baseline_journal = journal
             return report
         run = _Run(agent, chunk_rows, progress)
         # Step 2.
@@ -329,7 +329,7 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
         # Step 4.
         if journal is not None:
             journal.finished(report, agent.domain_id)
-            agent._baseline_journal = journal  # type: ignore[attr-defined]
+            agent._baseline_journal = journal
         return report
 
 
