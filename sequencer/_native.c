@@ -645,49 +645,69 @@ static const uint64_t KECCAK_RC[24] = {
     0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
     0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
 };
-/* Rotation of lane x + 5y. */
-static const unsigned KECCAK_ROT[25] = {
-    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
-    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
-};
+/* n in 1..63 only */
+#define ROL(v, n) (((v) << (n)) | ((v) >> (64 - (n))))
 
-static inline uint64_t
-rol64(uint64_t v, unsigned n)
-{
-    return n ? (v << n) | (v >> (64 - n)) : v;
-}
-
+/* Every lane in a local (registers, no index arithmetic) and each round written out:
+ * about twice as fast as loops over arrays. */
 static void
-keccak_f1600(uint64_t a[25])
+keccak_f1600(uint64_t s[25])
 {
-    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
-    static const unsigned char PI[25] = {
-        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
-        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
-    };
-    uint64_t b[25], c[5], d[5];
+    uint64_t a00 = s[0], a01 = s[1], a02 = s[2], a03 = s[3], a04 = s[4];
+    uint64_t a05 = s[5], a06 = s[6], a07 = s[7], a08 = s[8], a09 = s[9];
+    uint64_t a10 = s[10], a11 = s[11], a12 = s[12], a13 = s[13], a14 = s[14];
+    uint64_t a15 = s[15], a16 = s[16], a17 = s[17], a18 = s[18], a19 = s[19];
+    uint64_t a20 = s[20], a21 = s[21], a22 = s[22], a23 = s[23], a24 = s[24];
     for (int round = 0; round < 24; round++) {
-        for (int x = 0; x < 5; x++)  /* theta */
-            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
-        d[0] = c[4] ^ rol64(c[1], 1);
-        d[1] = c[0] ^ rol64(c[2], 1);
-        d[2] = c[1] ^ rol64(c[3], 1);
-        d[3] = c[2] ^ rol64(c[4], 1);
-        d[4] = c[3] ^ rol64(c[0], 1);
-        for (int y = 0; y < 25; y += 5)
-            for (int x = 0; x < 5; x++)
-                a[y + x] ^= d[x];
-        for (int i = 0; i < 25; i++)  /* rho and pi */
-            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
-        for (int y = 0; y < 25; y += 5) {  /* chi */
-            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
-            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
-            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
-            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
-            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
-        }
-        a[0] ^= KECCAK_RC[round];  /* iota */
+        uint64_t c0 = a00 ^ a05 ^ a10 ^ a15 ^ a20, c1 = a01 ^ a06 ^ a11 ^ a16 ^ a21;
+        uint64_t c2 = a02 ^ a07 ^ a12 ^ a17 ^ a22, c3 = a03 ^ a08 ^ a13 ^ a18 ^ a23;
+        uint64_t c4 = a04 ^ a09 ^ a14 ^ a19 ^ a24;
+        uint64_t d0 = c4 ^ ROL(c1, 1), d1 = c0 ^ ROL(c2, 1), d2 = c1 ^ ROL(c3, 1);
+        uint64_t d3 = c2 ^ ROL(c4, 1), d4 = c3 ^ ROL(c0, 1);
+        /* theta, rho and pi: b[y + 5((2x + 3y) mod 5)] = rol(a[x + 5y] ^ d[x], r) */
+        uint64_t b00 = a00 ^ d0;
+        uint64_t b10 = ROL(a01 ^ d1, 1);
+        uint64_t b20 = ROL(a02 ^ d2, 62);
+        uint64_t b05 = ROL(a03 ^ d3, 28);
+        uint64_t b15 = ROL(a04 ^ d4, 27);
+        uint64_t b16 = ROL(a05 ^ d0, 36);
+        uint64_t b01 = ROL(a06 ^ d1, 44);
+        uint64_t b11 = ROL(a07 ^ d2, 6);
+        uint64_t b21 = ROL(a08 ^ d3, 55);
+        uint64_t b06 = ROL(a09 ^ d4, 20);
+        uint64_t b07 = ROL(a10 ^ d0, 3);
+        uint64_t b17 = ROL(a11 ^ d1, 10);
+        uint64_t b02 = ROL(a12 ^ d2, 43);
+        uint64_t b12 = ROL(a13 ^ d3, 25);
+        uint64_t b22 = ROL(a14 ^ d4, 39);
+        uint64_t b23 = ROL(a15 ^ d0, 41);
+        uint64_t b08 = ROL(a16 ^ d1, 45);
+        uint64_t b18 = ROL(a17 ^ d2, 15);
+        uint64_t b03 = ROL(a18 ^ d3, 21);
+        uint64_t b13 = ROL(a19 ^ d4, 8);
+        uint64_t b14 = ROL(a20 ^ d0, 18);
+        uint64_t b24 = ROL(a21 ^ d1, 2);
+        uint64_t b09 = ROL(a22 ^ d2, 61);
+        uint64_t b19 = ROL(a23 ^ d3, 56);
+        uint64_t b04 = ROL(a24 ^ d4, 14);
+        /* chi and iota */
+        a00 = b00 ^ (~b01 & b02) ^ KECCAK_RC[round];
+        a01 = b01 ^ (~b02 & b03); a02 = b02 ^ (~b03 & b04);
+        a03 = b03 ^ (~b04 & b00); a04 = b04 ^ (~b00 & b01);
+        a05 = b05 ^ (~b06 & b07); a06 = b06 ^ (~b07 & b08); a07 = b07 ^ (~b08 & b09);
+        a08 = b08 ^ (~b09 & b05); a09 = b09 ^ (~b05 & b06);
+        a10 = b10 ^ (~b11 & b12); a11 = b11 ^ (~b12 & b13); a12 = b12 ^ (~b13 & b14);
+        a13 = b13 ^ (~b14 & b10); a14 = b14 ^ (~b10 & b11);
+        a15 = b15 ^ (~b16 & b17); a16 = b16 ^ (~b17 & b18); a17 = b17 ^ (~b18 & b19);
+        a18 = b18 ^ (~b19 & b15); a19 = b19 ^ (~b15 & b16);
+        a20 = b20 ^ (~b21 & b22); a21 = b21 ^ (~b22 & b23); a22 = b22 ^ (~b23 & b24);
+        a23 = b23 ^ (~b24 & b20); a24 = b24 ^ (~b20 & b21);
     }
+    s[0] = a00; s[1] = a01; s[2] = a02; s[3] = a03; s[4] = a04;
+    s[5] = a05; s[6] = a06; s[7] = a07; s[8] = a08; s[9] = a09;
+    s[10] = a10; s[11] = a11; s[12] = a12; s[13] = a13; s[14] = a14;
+    s[15] = a15; s[16] = a16; s[17] = a17; s[18] = a18; s[19] = a19;
+    s[20] = a20; s[21] = a21; s[22] = a22; s[23] = a23; s[24] = a24;
 }
 
 #define SHA3_256_RATE 136
@@ -772,6 +792,360 @@ done:
     return out;
 }
 
+/* ---- replay: epoch records as columns (replay/_epoch_columns.py) ---------------------- */
+
+/* The interned attribute names epoch_fields reads (made once, on first use). */
+static PyObject *EF_NAMES[8];
+static const char *const EF_TEXT[8] = {
+    "epoch_seq", "begin_id", "end_id", "event_count", "quiescent", "setsum", "table_counts",
+    NULL,
+};
+
+/* Lowercase hex digit values; 0xFF for every other byte (one lookup, no branch). */
+static unsigned char HEX_VALUE[256];
+
+static void
+fill_hex_value(void)
+{
+    memset(HEX_VALUE, 0xFF, sizeof HEX_VALUE);
+    for (int c = '0'; c <= '9'; c++)
+        HEX_VALUE[c] = (unsigned char)(c - '0');
+    for (int c = 'a'; c <= 'f'; c++)
+        HEX_VALUE[c] = (unsigned char)(c - 'a' + 10);
+}
+
+/* What a record's setsum text says: 0 nothing (""), 1 a digest (64 lowercase hex
+ * digits, written to out), 2 anything else; -1 if it is not a str (the caller's
+ * Python path raises then). The same reading as _epoch_columns._setsum_lanes. */
+static int
+setsum_kind(PyObject *text, unsigned char out[32])
+{
+    if (!PyUnicode_Check(text))
+        return -1;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+    if (len == 0)
+        return 0;
+    if (len != 64 || !PyUnicode_IS_ASCII(text))
+        return 2;
+    const Py_UCS1 *c = PyUnicode_1BYTE_DATA(text);
+    unsigned bad = 0;
+    for (int i = 0; i < 32; i++) {
+        unsigned hi = HEX_VALUE[c[2 * i]], lo = HEX_VALUE[c[2 * i + 1]];
+        bad |= hi | lo;
+        out[i] = (unsigned char)(hi << 4 | (lo & 0xF));
+    }
+    if (bad & 0xF0) {
+        memset(out, 0, 32);  /* as the Python path leaves it */
+        return 2;
+    }
+    return 1;
+}
+
+/* epoch_fields(records): every field the assembler checks, one pass in C. Returns
+ * (ints, quiescent, digests, kinds, table_lengths, table_names, table_counts): ints is
+ * 4n uint64 (seqs, begins, ends, counts, one column after another), quiescent n bytes
+ * 0/1, digests 32n bytes, kinds n int8 (setsum_kind), table_lengths n int64, then the
+ * flattened (name, count) pairs as a list of str and counts as uint64 bytes. Returns
+ * None for anything of another shape (an int out of range, a setsum that is no str, a
+ * table_counts item that is no (str, int) pair): the Python path then decides. */
+static PyObject *
+epoch_fields(PyObject *module, PyObject *records)
+{
+    if (EF_NAMES[0] == NULL) {
+        fill_hex_value();
+        for (int i = 0; EF_TEXT[i] != NULL; i++)
+            if ((EF_NAMES[i] = PyUnicode_InternFromString(EF_TEXT[i])) == NULL)
+                return NULL;
+    }
+    PyObject *seq = PySequence_Fast(records, "epoch_fields(records): a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *ints = PyBytes_FromStringAndSize(NULL, 32 * n);
+    PyObject *quiet = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *digests = PyBytes_FromStringAndSize(NULL, 32 * n);
+    PyObject *kinds = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *lengths = PyBytes_FromStringAndSize(NULL, 8 * n);
+    PyObject *names = PyList_New(0);
+    PyObject *counts = NULL, *result = NULL;
+    uint64_t *tc = NULL;
+    Py_ssize_t tc_len = 0, tc_cap = 0;
+    if (!ints || !quiet || !digests || !kinds || !lengths || !names)
+        goto done;
+    uint64_t *iv = (uint64_t *)PyBytes_AS_STRING(ints);
+    unsigned char *qv = (unsigned char *)PyBytes_AS_STRING(quiet);
+    unsigned char *dv = (unsigned char *)PyBytes_AS_STRING(digests);
+    signed char *kv = (signed char *)PyBytes_AS_STRING(kinds);
+    int64_t *lv = (int64_t *)PyBytes_AS_STRING(lengths);
+    memset(dv, 0, 32 * n);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *record = items[r];
+        for (int f = 0; f < 4; f++) {
+            PyObject *v = PyObject_GetAttr(record, EF_NAMES[f]);
+            if (v == NULL)
+                goto done;
+            uint64_t x = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;
+            int bad = !PyLong_Check(v) || (x == (uint64_t)-1 && PyErr_Occurred());
+            Py_DECREF(v);
+            if (bad)
+                goto other;
+            iv[f * n + r] = x;
+        }
+        PyObject *v = PyObject_GetAttr(record, EF_NAMES[4]);
+        if (v == NULL)
+            goto done;
+        int truth = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (truth < 0)
+            goto done;
+        qv[r] = (unsigned char)truth;
+        if ((v = PyObject_GetAttr(record, EF_NAMES[5])) == NULL)
+            goto done;
+        int kind = setsum_kind(v, dv + 32 * r);
+        Py_DECREF(v);
+        if (kind < 0)
+            goto other;
+        kv[r] = (signed char)kind;
+        if ((v = PyObject_GetAttr(record, EF_NAMES[6])) == NULL)
+            goto done;
+        if (!PyTuple_Check(v)) {
+            Py_DECREF(v);
+            goto other;
+        }
+        Py_ssize_t m = PyTuple_GET_SIZE(v);
+        lv[r] = m;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            PyObject *pair = PyTuple_GET_ITEM(v, k);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))
+                || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
+                Py_DECREF(v);
+                goto other;
+            }
+            uint64_t count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(pair, 1));
+            if (count == (uint64_t)-1 && PyErr_Occurred()) {
+                Py_DECREF(v);
+                goto other;
+            }
+            if (tc_len == tc_cap) {
+                tc_cap = tc_cap ? 2 * tc_cap : 64;
+                uint64_t *grown = PyMem_Realloc(tc, (size_t)tc_cap * sizeof(uint64_t));
+                if (grown == NULL) {
+                    Py_DECREF(v);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                tc = grown;
+            }
+            tc[tc_len++] = count;
+            if (PyList_Append(names, PyTuple_GET_ITEM(pair, 0)) < 0) {
+                Py_DECREF(v);
+                goto done;
+            }
+        }
+        Py_DECREF(v);
+    }
+    counts = PyBytes_FromStringAndSize((const char *)tc, 8 * tc_len);
+    if (counts == NULL)
+        goto done;
+    result = PyTuple_Pack(7, ints, quiet, digests, kinds, lengths, names, counts);
+    goto done;
+other:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(seq);
+    Py_XDECREF(ints);
+    Py_XDECREF(quiet);
+    Py_XDECREF(digests);
+    Py_XDECREF(kinds);
+    Py_XDECREF(lengths);
+    Py_XDECREF(names);
+    Py_XDECREF(counts);
+    PyMem_Free(tc);
+    return result;
+}
+
+/* ---- replay: a run's segment digests, items built in C (replay/_epoch_columns.py) ----- */
+
+/* A SHA3-256 sponge fed piece by piece (a segment's item is never built in memory). */
+typedef struct {
+    uint64_t a[25];
+    unsigned char block[SHA3_256_RATE];
+    size_t fill;
+} Sponge;
+
+static void
+sponge_block(Sponge *sp)
+{
+    for (int i = 0; i < SHA3_256_RATE / 8; i++)
+        sp->a[i] ^= load64(sp->block + 8 * i);
+    keccak_f1600(sp->a);
+    sp->fill = 0;
+}
+
+static void
+sponge_absorb(Sponge *sp, const unsigned char *p, size_t len)
+{
+    while (len) {
+        size_t take = SHA3_256_RATE - sp->fill;
+        if (take > len)
+            take = len;
+        memcpy(sp->block + sp->fill, p, take);
+        sp->fill += take;
+        p += take;
+        len -= take;
+        if (sp->fill == SHA3_256_RATE)
+            sponge_block(sp);
+    }
+}
+
+static void
+sponge_be(Sponge *sp, uint64_t v, int bytes)
+{
+    unsigned char be[8];
+    for (int i = 0; i < bytes; i++)
+        be[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
+    sponge_absorb(sp, be, (size_t)bytes);
+}
+
+static void
+sponge_digest(Sponge *sp, unsigned char out[32])
+{
+    memset(sp->block + sp->fill, 0, SHA3_256_RATE - sp->fill);
+    sp->block[sp->fill] ^= 0x06;  /* as sha3_256 above */
+    sp->block[SHA3_256_RATE - 1] ^= 0x80;
+    sponge_block(sp);
+    for (int i = 0; i < 32; i++)
+        out[i] = (unsigned char)(sp->a[i / 8] >> (8 * (i % 8)));
+}
+
+#define SEGMENT_COLUMNS 5
+
+/* One contiguous array argument: its buffer, checked for item size and length. */
+static int
+get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+          const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (itemsize && (view->itemsize != itemsize || view->len != itemsize * count)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items of %zd bytes expected", what, count,
+                     itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digest of each
+ * segment's setsum item (the layout in sinks/codec.py), concatenated. Segment k is rows
+ * bounds[k]:bounds[k + 1] (int64, m + 1 of them); domains and batches are m uint64;
+ * seqs n uint32; columns five (offsets, values) pairs, offsets n + 1 int32 into the
+ * values buffer (Arrow's binary layout) for table, row, column, old, new. Everything
+ * is checked before hashing; the GIL is released meanwhile. */
+static PyObject *
+sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != SEGMENT_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "sha3_segments(bounds, domains, batches, seqs, "
+                        "((offsets, values) x 5))");
+        return NULL;
+    }
+    Py_buffer views[4 + 2 * SEGMENT_COLUMNS];
+    int held = 0;
+    PyObject *out = NULL;
+    /* bounds first: its length gives m, and n is its last value */
+    if (PyObject_GetBuffer(args[0], &views[0], PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    held = 1;
+    if (views[0].itemsize != 8 || views[0].len < 8 || views[0].len % 8) {
+        PyErr_SetString(PyExc_ValueError, "bounds: at least one int64 expected");
+        goto done;
+    }
+    Py_ssize_t m = views[0].len / 8 - 1;
+    const int64_t *bounds = (const int64_t *)views[0].buf;
+    int64_t n = bounds[m];
+    if (bounds[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "bounds must start at 0");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (bounds[k] >= bounds[k + 1]) {
+            PyErr_SetString(PyExc_ValueError, "bounds must increase");
+            goto done;
+        }
+    if (get_array(args[1], &views[1], 8, m, "domains") < 0)
+        goto done;
+    held = 2;
+    if (get_array(args[2], &views[2], 8, m, "batches") < 0)
+        goto done;
+    held = 3;
+    if (get_array(args[3], &views[3], 4, n, "seqs") < 0)
+        goto done;
+    held = 4;
+    const int32_t *offsets[SEGMENT_COLUMNS];
+    const unsigned char *values[SEGMENT_COLUMNS];
+    for (int c = 0; c < SEGMENT_COLUMNS; c++) {
+        PyObject *pair = PyTuple_GET_ITEM(args[4], c);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "columns: (offsets, values) pairs");
+            goto done;
+        }
+        if (get_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
+            goto done;
+        offsets[c] = (const int32_t *)views[held++].buf;
+        if (get_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
+            goto done;
+        values[c] = (const unsigned char *)views[held].buf;
+        Py_ssize_t size = views[held++].len;
+        const int32_t *o = offsets[c];
+        if (o[0] < 0 || o[n] > size) {
+            PyErr_SetString(PyExc_ValueError, "offsets outside the values buffer");
+            goto done;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (o[i] > o[i + 1]) {
+                PyErr_SetString(PyExc_ValueError, "offsets must not decrease");
+                goto done;
+            }
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * m);
+    if (out == NULL)
+        goto done;
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const uint64_t *domains = (const uint64_t *)views[1].buf;
+    const uint64_t *batches = (const uint64_t *)views[2].buf;
+    const uint32_t *seqs = (const uint32_t *)views[3].buf;
+    static const unsigned char MAGIC[8] = {'C', 'D', 'C', 'S', 'E', 'G', '1', 0};
+    Py_BEGIN_ALLOW_THREADS
+    Sponge sp;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t lo = bounds[k], hi = bounds[k + 1];
+        memset(sp.a, 0, sizeof sp.a);
+        sp.fill = 0;
+        sponge_absorb(&sp, MAGIC, 8);
+        sponge_be(&sp, domains[k], 8);
+        sponge_be(&sp, batches[k], 8);
+        sponge_be(&sp, (uint64_t)(hi - lo), 4);
+        for (int64_t i = lo; i < hi; i++)
+            sponge_be(&sp, seqs[i], 4);
+        for (int c = 0; c < SEGMENT_COLUMNS; c++) {
+            const int32_t *o = offsets[c];
+            for (int64_t i = lo; i < hi; i++)
+                sponge_be(&sp, (uint64_t)(o[i + 1] - o[i]), 4);
+            sponge_absorb(&sp, values[c] + o[lo], (size_t)(o[hi] - o[lo]));
+        }
+        sponge_digest(&sp, digests + 32 * k);
+    }
+    Py_END_ALLOW_THREADS
+done:
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    return out;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -780,6 +1154,12 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"epoch_fields", epoch_fields, METH_O,
+     "epoch_fields(records): the fields of epoch records as column buffers, or None "
+     "for records of another shape (replay._epoch_columns)."},
+    {"sha3_segments", (PyCFunction)(void (*)(void))sha3_segments, METH_FASTCALL,
+     "sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digests of "
+     "the segments' setsum items (sinks.codec's layout), built and hashed in C."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
