@@ -40,6 +40,7 @@ SETSUM_BOGUS: Final = 2
 # C passes over many records or segments (None: not built; Python, the same results).
 _SHA3_SEGMENTS: Final = NATIVE.sha3_segments if NATIVE is not None else None
 _EPOCH_FIELDS: Final = NATIVE.epoch_fields if NATIVE is not None else None
+_SETSUM_FAULT: Final = NATIVE.setsum_fault if NATIVE is not None else None
 _PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
 _HEX: Final = frozenset("0123456789abcdef")
 
@@ -257,6 +258,11 @@ def first_setsum_fault(columns: EpochColumns, data: pa.Table | pa.RecordBatch,
     n = len(columns)
     starts, digests = segment_digests_at(data)
     owner = epoch_index[starts]
+    if _SETSUM_FAULT is not None:  # the same sums and comparisons, one pass in C
+        bad_epoch = _SETSUM_FAULT(digests, np.ascontiguousarray(owner, np.int64),
+                                  np.ascontiguousarray(columns.lanes),
+                                  np.ascontiguousarray(columns.setsum_kind), _PRIMES)
+        return None if bad_epoch < 0 else int(bad_epoch)
     lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
     cumulative = np.zeros((len(lanes) + 1, 8), dtype=np.uint64)
     np.cumsum(lanes, axis=0, out=cumulative[1:])

@@ -801,6 +801,43 @@ static const char *const EF_TEXT[8] = {
     NULL,
 };
 
+#include <structmember.h>  /* T_OBJECT_EX, READ_RESTRICTED */
+
+/* Where the last record type seen keeps each field (slots: a member descriptor's
+ * offset), so a field is one load instead of a generic attribute lookup. */
+static PyTypeObject *EF_TYPE;
+static Py_ssize_t EF_OFFSET[7];
+
+static void
+ef_resolve(PyTypeObject *type)
+{
+    EF_TYPE = NULL;
+    if (type->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    for (int i = 0; i < 7; i++) {
+        PyObject *d = _PyType_Lookup(type, EF_NAMES[i]);  /* borrowed */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return;
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READ_RESTRICTED))
+            return;
+        EF_OFFSET[i] = member->offset;
+    }
+    EF_TYPE = type;
+}
+
+/* Field i of record, a new reference (NULL with an error set if it has none). */
+static inline PyObject *
+ef_get(PyObject *record, int i)
+{
+    if (Py_TYPE(record) == EF_TYPE) {
+        PyObject *v = *(PyObject **)((char *)record + EF_OFFSET[i]);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(record, EF_NAMES[i]);
+}
+
 /* Lowercase hex digit values; 0xFF for every other byte (one lookup, no branch). */
 static unsigned char HEX_VALUE[256];
 
@@ -881,8 +918,10 @@ epoch_fields(PyObject *module, PyObject *records)
     memset(dv, 0, 32 * n);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *record = items[r];
+        if (Py_TYPE(record) != EF_TYPE)
+            ef_resolve(Py_TYPE(record));
         for (int f = 0; f < 4; f++) {
-            PyObject *v = PyObject_GetAttr(record, EF_NAMES[f]);
+            PyObject *v = ef_get(record, f);
             if (v == NULL)
                 goto done;
             uint64_t x = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;
@@ -892,7 +931,7 @@ epoch_fields(PyObject *module, PyObject *records)
                 goto other;
             iv[f * n + r] = x;
         }
-        PyObject *v = PyObject_GetAttr(record, EF_NAMES[4]);
+        PyObject *v = ef_get(record, 4);
         if (v == NULL)
             goto done;
         int truth = PyObject_IsTrue(v);
@@ -900,14 +939,14 @@ epoch_fields(PyObject *module, PyObject *records)
         if (truth < 0)
             goto done;
         qv[r] = (unsigned char)truth;
-        if ((v = PyObject_GetAttr(record, EF_NAMES[5])) == NULL)
+        if ((v = ef_get(record, 5)) == NULL)
             goto done;
         int kind = setsum_kind(v, dv + 32 * r);
         Py_DECREF(v);
         if (kind < 0)
             goto other;
         kv[r] = (signed char)kind;
-        if ((v = PyObject_GetAttr(record, EF_NAMES[6])) == NULL)
+        if ((v = ef_get(record, 6)) == NULL)
             goto done;
         if (!PyTuple_Check(v)) {
             Py_DECREF(v);
@@ -1146,6 +1185,78 @@ done:
     return out;
 }
 
+/* setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose record's
+ * setsum (lanes: n x 8 uint32, kinds: n int8, 0 none, 1 digest, 2 bogus) is not the
+ * setsum of its segments' digests (32 bytes each, segment k belonging to epoch
+ * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64). -1: none.
+ * What replay._epoch_columns.first_setsum_fault computes in numpy, in one pass. */
+static PyObject *
+setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "setsum_fault(digests, owner, lanes, kinds, primes)");
+        return NULL;
+    }
+    Py_buffer views[5];
+    int held = 0;
+    PyObject *out = NULL;
+    uint64_t *sums = NULL;
+    if (get_array(args[0], &views[held], 0, 0, "digests") < 0)
+        goto done;
+    Py_ssize_t m = views[held++].len / 32;
+    if (get_array(args[3], &views[held], 0, 0, "kinds") < 0)
+        goto done;
+    Py_ssize_t n = views[held++].len;
+    if (views[1].itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "kinds: int8 expected");
+        goto done;
+    }
+    if (get_array(args[1], &views[held++], 8, m, "owner") < 0
+        || get_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
+        || get_array(args[4], &views[held++], 8, 8, "primes") < 0)
+        goto done;
+    const unsigned char *digests = (const unsigned char *)views[0].buf;
+    const signed char *kinds = (const signed char *)views[1].buf;
+    const int64_t *owner = (const int64_t *)views[2].buf;
+    const uint32_t *lanes = (const uint32_t *)views[3].buf;
+    const uint64_t *primes = (const uint64_t *)views[4].buf;
+    sums = PyMem_Calloc((size_t)(n ? n : 1), 8 * sizeof(uint64_t));
+    if (sums == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t e = owner[k];
+        if (e < 0 || e >= n)
+            continue;
+        for (int i = 0; i < 8; i++) {
+            const unsigned char *d = digests + 32 * k + 4 * i;
+            sums[8 * e + i] += (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16
+                               | (uint64_t)d[3] << 24;
+        }
+    }
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t e = 0; e < n && bad < 0; e++) {
+        if (kinds[e] == 0)
+            continue;
+        if (kinds[e] != 1) {
+            bad = e;
+            break;
+        }
+        for (int i = 0; i < 8; i++)
+            if (sums[8 * e + i] % primes[i] != lanes[8 * e + i]) {
+                bad = e;
+                break;
+            }
+    }
+    out = PyLong_FromSsize_t(bad);
+done:
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(sums);
+    return out;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1160,6 +1271,9 @@ static PyMethodDef module_methods[] = {
     {"sha3_segments", (PyCFunction)(void (*)(void))sha3_segments, METH_FASTCALL,
      "sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digests of "
      "the segments' setsum items (sinks.codec's layout), built and hashed in C."},
+    {"setsum_fault", (PyCFunction)(void (*)(void))setsum_fault, METH_FASTCALL,
+     "setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose setsum "
+     "is not its segments' (-1: none)."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},

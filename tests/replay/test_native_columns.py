@@ -100,6 +100,27 @@ def _fields(record: EpochRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
+class _LooseRecord:
+    """Not an EpochRecord: the same fields as plain attributes (read by getattr)."""
+
+    def __init__(self, record: EpochRecord, **change: Any) -> None:
+        self.__dict__.update({**_fields(record), **change})
+
+
+def test_epoch_fields_read_records_of_any_type_alike() -> None:
+    """Records of other types, mixed with EpochRecords (the C pass caches where one type
+    keeps its fields): the same columns as the Python path."""
+    digest = "ab" * 32
+    first = EpochRecord(7, 1, 0, 5, 1, False, (("t", 1),), digest)
+    rows: list[Any] = [first, _LooseRecord(first, epoch_seq=2, setsum=""),
+                       EpochRecord(7, 3, 5, 9, 0, True, (), digest),
+                       _LooseRecord(first, epoch_seq=4, quiescent=True)]
+    assert native().epoch_fields(rows) is not None
+    assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
+                                                                rows)
+    assert EpochColumns.of_records(rows).seqs.tolist() == [1, 2, 3, 4]
+
+
 values = st.binary(max_size=150)
 events = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 9),
                             st.sampled_from(["t", "users", "é"]), values,
@@ -184,3 +205,39 @@ def test_the_python_fallback_verifies_as_the_c_passes(monkeypatch: pytest.Monkey
     without = run()
     assert with_c == without
     assert "setsum" in with_c[1] and len(with_c[0]) == 17
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_setsum_fault_finds_the_numpy_ones(data: st.DataObject) -> None:
+    """The C sums and comparisons name the same first epoch as numpy's: records whose
+    setsum is their segments' (some altered in one lane, some bogus or unfilled)."""
+    native()
+    n = data.draw(st.integers(1, 12))
+    owner = np.array(sorted(data.draw(st.lists(st.integers(0, n), max_size=20))), np.int64)
+    digests = data.draw(st.binary(min_size=32 * len(owner), max_size=32 * len(owner)))
+    segment_lanes = np.frombuffer(digests, "<u4").reshape(-1, 8).astype(np.uint64)
+    primes = columns_module._PRIMES
+    lanes = np.zeros((n, 8), np.uint32)
+    for epoch in range(n):
+        lanes[epoch] = segment_lanes[owner == epoch].sum(axis=0) % primes
+    kinds = np.array(data.draw(st.lists(st.sampled_from([0, 1, 1, 1, 2]), min_size=n,
+                                        max_size=n)), np.int8)
+    for epoch in data.draw(st.lists(st.integers(0, n - 1), max_size=2)):
+        lanes[epoch, data.draw(st.integers(0, 7))] ^= 1 << data.draw(st.integers(0, 31))
+    cols = EpochColumns(*(np.zeros(n, np.uint64),) * 4, np.zeros(n, bool), lanes, kinds,
+                        np.zeros(n + 1, np.int64), pa.array([], pa.utf8()),
+                        np.zeros(0, np.uint64))
+    calls: list[Any] = []
+
+    def digests_of(_data: Any) -> tuple[np.ndarray, bytes]:
+        calls.append(1)
+        return np.arange(len(owner)), digests
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columns_module, "segment_digests_at", digests_of)
+        found = columns_module.first_setsum_fault(cols, None, owner)  # type: ignore[arg-type]
+        patch.setattr(columns_module, "_SETSUM_FAULT", None)
+        expected = columns_module.first_setsum_fault(cols, None, owner)  # type: ignore[arg-type]
+    assert found == expected
+    assert len(calls) == (2 if (kinds != 0).any() else 0)
