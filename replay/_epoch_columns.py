@@ -90,22 +90,31 @@ class EpochColumns:
     def of_records(cls, records: Sequence[EpochRecord]) -> EpochColumns:
         """The columns of records that came one by one: one pass in C
         (``sequencer.NATIVE.epoch_fields``) if built, else each field gathered by map."""
+        found = cls.of_records_native(records)
+        return cls.of_records_py(records) if found is None else found[0]
+
+    @classmethod
+    def of_records_native(cls, records: Sequence[EpochRecord]
+                          ) -> tuple[EpochColumns, np.ndarray] | None:
+        """The columns of ``records`` and their domain ids (uint64), read in one C pass;
+        None if the extension is not built or a record is of another shape."""
         fields = _EPOCH_FIELDS(records) if _EPOCH_FIELDS is not None else None
-        if fields is not None:
-            return cls._of_fields(len(records), *fields)
-        return cls.of_records_py(records)
+        if fields is None:
+            return None
+        return cls._of_fields(len(records), *fields)
 
     @classmethod
     def _of_fields(cls, n: int, ints: bytes, quiescent: bytes, digests: bytes, kinds: bytes,
                    table_lengths: bytes, table_names: list[str], table_counts: bytes
-                   ) -> EpochColumns:
-        columns = np.frombuffer(ints, dtype=np.uint64).reshape(4, n)
+                   ) -> tuple[EpochColumns, np.ndarray]:
+        columns = np.frombuffer(ints, dtype=np.uint64).reshape(5, n)
         return cls(
             columns[0], columns[1], columns[2], columns[3],
             np.frombuffer(quiescent, dtype=bool), np.frombuffer(digests, "<u4").reshape(n, 8),
             np.frombuffer(kinds, dtype=np.int8),
             np.concatenate(([0], np.cumsum(np.frombuffer(table_lengths, np.int64)))),
-            pa.array(table_names, pa.utf8()), np.frombuffer(table_counts, dtype=np.uint64))
+            pa.array(table_names, pa.utf8()), np.frombuffer(table_counts, dtype=np.uint64)
+        ), columns[4]
 
     @classmethod
     def of_records_py(cls, records: Sequence[EpochRecord]) -> EpochColumns:

@@ -795,10 +795,10 @@ done:
 /* ---- replay: epoch records as columns (replay/_epoch_columns.py) ---------------------- */
 
 /* The interned attribute names epoch_fields reads (made once, on first use). */
-static PyObject *EF_NAMES[8];
-static const char *const EF_TEXT[8] = {
+static PyObject *EF_NAMES[9];
+static const char *const EF_TEXT[9] = {
     "epoch_seq", "begin_id", "end_id", "event_count", "quiescent", "setsum", "table_counts",
-    NULL,
+    "domain_id", NULL,
 };
 
 #include <structmember.h>  /* T_OBJECT_EX, READ_RESTRICTED */
@@ -806,7 +806,7 @@ static const char *const EF_TEXT[8] = {
 /* Where the last record type seen keeps each field (slots: a member descriptor's
  * offset), so a field is one load instead of a generic attribute lookup. */
 static PyTypeObject *EF_TYPE;
-static Py_ssize_t EF_OFFSET[7];
+static Py_ssize_t EF_OFFSET[8];
 
 static void
 ef_resolve(PyTypeObject *type)
@@ -814,7 +814,7 @@ ef_resolve(PyTypeObject *type)
     EF_TYPE = NULL;
     if (type->tp_getattro != PyObject_GenericGetAttr)
         return;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         PyObject *d = _PyType_Lookup(type, EF_NAMES[i]);  /* borrowed */
         if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
             return;
@@ -880,7 +880,7 @@ setsum_kind(PyObject *text, unsigned char out[32])
 
 /* epoch_fields(records): every field the assembler checks, one pass in C. Returns
  * (ints, quiescent, digests, kinds, table_lengths, table_names, table_counts): ints is
- * 4n uint64 (seqs, begins, ends, counts, one column after another), quiescent n bytes
+ * 5n uint64 (seqs, begins, ends, counts, domain ids, one column after another), quiescent n bytes
  * 0/1, digests 32n bytes, kinds n int8 (setsum_kind), table_lengths n int64, then the
  * flattened (name, count) pairs as a list of str and counts as uint64 bytes. Returns
  * None for anything of another shape (an int out of range, a setsum that is no str, a
@@ -899,7 +899,7 @@ epoch_fields(PyObject *module, PyObject *records)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *ints = PyBytes_FromStringAndSize(NULL, 32 * n);
+    PyObject *ints = PyBytes_FromStringAndSize(NULL, 40 * n);
     PyObject *quiet = PyBytes_FromStringAndSize(NULL, n);
     PyObject *digests = PyBytes_FromStringAndSize(NULL, 32 * n);
     PyObject *kinds = PyBytes_FromStringAndSize(NULL, n);
@@ -920,8 +920,8 @@ epoch_fields(PyObject *module, PyObject *records)
         PyObject *record = items[r];
         if (Py_TYPE(record) != EF_TYPE)
             ef_resolve(Py_TYPE(record));
-        for (int f = 0; f < 4; f++) {
-            PyObject *v = ef_get(record, f);
+        for (int f = 0; f < 5; f++) {
+            PyObject *v = ef_get(record, f < 4 ? f : 7);
             if (v == NULL)
                 goto done;
             uint64_t x = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,8 @@ def test_epoch_fields_read_a_usual_run() -> None:
     assert cols.lanes[2].tobytes() == bytes(32)
     assert cols.table_offsets.tolist() == [0, 2, 2, 3]
     assert cols.table_names.to_pylist() == ["t", "u", "t"]
+    found = EpochColumns.of_records_native(rows)
+    assert found is not None and found[1].tolist() == [7, 7, 7]  # the domain ids
     assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
                                                                 rows)
 
@@ -241,3 +244,68 @@ def test_setsum_fault_finds_the_numpy_ones(data: st.DataObject) -> None:
         expected = columns_module.first_setsum_fault(cols, None, owner)  # type: ignore[arg-type]
     assert found == expected
     assert len(calls) == (2 if (kinds != 0).any() else 0)
+
+
+def _one_writer_log(events: int) -> tuple[EventBatch, list[EpochRecord]]:
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for i in range(events):
+        agent.set("t", i % 7, "c", i)
+    agent.close()
+    return EventBatch.from_events(sink.events), sink.epochs
+
+
+def _assembled(log: list[Any], *, bulk: bool) -> tuple[list[Any], str]:
+    seen: list[Any] = []
+    assembler = Assembler()
+    try:
+        if bulk:
+            for changeset in assembler.changesets(log):
+                seen.append((changeset.epoch_seq, changeset.changes, changeset.before))
+        else:
+            for record in log:
+                for changeset in assembler.feed(record):
+                    seen.append((changeset.epoch_seq, changeset.changes, changeset.before))
+            assembler.check_gaps()
+    except Exception as exc:
+        return seen, str(exc)
+    return seen, ""
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 59), st.integers(1, 60)), min_size=1, max_size=4),
+       st.booleans(), st.integers(0, 59))
+def test_epoch_records_met_together_as_one_at_a_time(
+        pieces: list[tuple[int, int]], alter: bool, which: int) -> None:
+    """Epoch records come in groups (kept as columns when consecutive and new): groups
+    repeating, overlapping or preceding held ones, and a repeat that differs, give the
+    changesets and error of feeding each record by itself."""
+    batch, epochs = _one_writer_log(30)  # 60 epoch records
+    nothing = EventBatch(batch.data.slice(0, 0))  # ends a group, changes nothing
+    log: list[Any] = [batch]
+    for start, length in pieces:
+        log += [*epochs[start:start + length], nothing]
+    if alter:  # a second, different record for one epoch
+        log.append(dataclasses.replace(epochs[which], event_count=epochs[which].event_count + 1))
+    log += epochs  # every epoch at least once
+    assert _assembled(log, bulk=True) == _assembled(log, bulk=False)
+
+
+def test_a_failing_source_hands_out_the_groups_taken_first() -> None:
+    """Epoch records gathered when the source fails are stored: their intervals are
+    handed out, then the source's error."""
+    batch, epochs = _one_writer_log(30)
+
+    def source() -> Any:
+        yield batch
+        yield from epochs[:41]  # 20 whole intervals, and one epoch of the next
+        raise OSError("fragment unreadable")
+
+    seen = []
+    with pytest.raises(OSError, match="fragment unreadable"):
+        for changeset in Assembler().changesets(source()):
+            seen.append(changeset.epoch_seq)
+    assert seen == [2 * k for k in range(1, 21)]
