@@ -177,27 +177,50 @@ class Snapshot:
 
 @dataclass
 class _TailRun:
-    """Epoch records held as columns: seqs ``first`` to ``last``, consecutive; from an
-    EPOCHS message (``run``) or records that came one by one (``records``)."""
+    """Epoch records held as columns: seqs ``first`` to ``last``, consecutive; from
+    EPOCHS messages (``runs``, consecutive, joined into one piece as they come: their
+    columns are read once, when first needed) or records that came one by one
+    (``records``, with their columns)."""
 
     first: int
     last: int
-    run: EpochRun | None
-    columns: EpochColumns
+    runs: list[EpochRun]
+    cached: EpochColumns | None = None
     records: Sequence[EpochRecord] = ()
+
+    @property
+    def columns(self) -> EpochColumns:
+        if self.cached is None:
+            self.cached = EpochColumns.of_run(self._run())
+        return self.cached
+
+    def _run(self) -> EpochRun:
+        """The runs as one."""
+        if len(self.runs) > 1:
+            self.runs = [EpochRun(pa.concat_batches([run.data for run in self.runs]))]
+        return self.runs[0]
+
+    def extend(self, run: EpochRun, last: int) -> bool:
+        """Take ``run`` (seqs ``last + 1`` on) into this piece, if its layout is the same."""
+        if not self.runs or run.data.schema != self.runs[-1].data.schema:
+            return False
+        self.runs.append(run)
+        self.last, self.cached = last, None
+        return True
 
     def expand(self) -> Iterable[EpochRecord]:
         """The records held, in seq order."""
-        return self.run.records() if self.run is not None else self.records
+        if self.runs:
+            return itertools.chain.from_iterable(run.records() for run in self.runs)
+        return self.records
 
     def after(self, seq: int) -> _TailRun:
         """The records beyond ``seq`` (which lies inside this piece)."""
         skip = seq + 1 - self.first
-        if self.run is not None:
-            run = EpochRun(self.run.data.slice(skip))
-            return _TailRun(seq + 1, self.last, run, EpochColumns.of_run(run))
+        if self.runs:
+            return _TailRun(seq + 1, self.last, [EpochRun(self._run().data.slice(skip))])
         records = self.records[skip:]
-        return _TailRun(seq + 1, self.last, None, EpochColumns.of_records(records), records)
+        return _TailRun(seq + 1, self.last, [], EpochColumns.of_records(records), records)
 
 
 @dataclass
@@ -483,7 +506,7 @@ class Assembler:
                     domain = self._domain(int(domain_ids[0]))
                     first = int(seqs[0])
                     if first > domain.applied_seq and first > domain.last_held():
-                        domain.tail.append(_TailRun(first, int(seqs[-1]), None, columns,
+                        domain.tail.append(_TailRun(first, int(seqs[-1]), [], columns,
                                                     records))
                         return
         domains = self._domains
@@ -548,7 +571,9 @@ class Assembler:
             if last <= domain.applied_seq:
                 return [domain_id]  # copies of applied epochs
             if first > domain.applied_seq and first > domain.last_held():
-                domain.tail.append(_TailRun(first, last, run, EpochColumns.of_run(run)))
+                tail = domain.tail
+                if not (tail and tail[-1].last + 1 == first and tail[-1].extend(run, last)):
+                    tail.append(_TailRun(first, last, [run]))
                 return [domain_id]
         for record in run.records():
             self._store_epoch(record)
