@@ -645,69 +645,49 @@ static const uint64_t KECCAK_RC[24] = {
     0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
     0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
 };
-/* n in 1..63 only */
-#define ROL(v, n) (((v) << (n)) | ((v) >> (64 - (n))))
+/* Rotation of lane x + 5y. */
+static const unsigned KECCAK_ROT[25] = {
+    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
+    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
+};
 
-/* Every lane in a local (registers, no index arithmetic) and each round written out:
- * about twice as fast as loops over arrays. */
-static void
-keccak_f1600(uint64_t s[25])
+static inline uint64_t
+rol64(uint64_t v, unsigned n)
 {
-    uint64_t a00 = s[0], a01 = s[1], a02 = s[2], a03 = s[3], a04 = s[4];
-    uint64_t a05 = s[5], a06 = s[6], a07 = s[7], a08 = s[8], a09 = s[9];
-    uint64_t a10 = s[10], a11 = s[11], a12 = s[12], a13 = s[13], a14 = s[14];
-    uint64_t a15 = s[15], a16 = s[16], a17 = s[17], a18 = s[18], a19 = s[19];
-    uint64_t a20 = s[20], a21 = s[21], a22 = s[22], a23 = s[23], a24 = s[24];
+    return n ? (v << n) | (v >> (64 - n)) : v;
+}
+
+static void
+keccak_f1600(uint64_t a[25])
+{
+    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
+    static const unsigned char PI[25] = {
+        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
+        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
+    };
+    uint64_t b[25], c[5], d[5];
     for (int round = 0; round < 24; round++) {
-        uint64_t c0 = a00 ^ a05 ^ a10 ^ a15 ^ a20, c1 = a01 ^ a06 ^ a11 ^ a16 ^ a21;
-        uint64_t c2 = a02 ^ a07 ^ a12 ^ a17 ^ a22, c3 = a03 ^ a08 ^ a13 ^ a18 ^ a23;
-        uint64_t c4 = a04 ^ a09 ^ a14 ^ a19 ^ a24;
-        uint64_t d0 = c4 ^ ROL(c1, 1), d1 = c0 ^ ROL(c2, 1), d2 = c1 ^ ROL(c3, 1);
-        uint64_t d3 = c2 ^ ROL(c4, 1), d4 = c3 ^ ROL(c0, 1);
-        /* theta, rho and pi: b[y + 5((2x + 3y) mod 5)] = rol(a[x + 5y] ^ d[x], r) */
-        uint64_t b00 = a00 ^ d0;
-        uint64_t b10 = ROL(a01 ^ d1, 1);
-        uint64_t b20 = ROL(a02 ^ d2, 62);
-        uint64_t b05 = ROL(a03 ^ d3, 28);
-        uint64_t b15 = ROL(a04 ^ d4, 27);
-        uint64_t b16 = ROL(a05 ^ d0, 36);
-        uint64_t b01 = ROL(a06 ^ d1, 44);
-        uint64_t b11 = ROL(a07 ^ d2, 6);
-        uint64_t b21 = ROL(a08 ^ d3, 55);
-        uint64_t b06 = ROL(a09 ^ d4, 20);
-        uint64_t b07 = ROL(a10 ^ d0, 3);
-        uint64_t b17 = ROL(a11 ^ d1, 10);
-        uint64_t b02 = ROL(a12 ^ d2, 43);
-        uint64_t b12 = ROL(a13 ^ d3, 25);
-        uint64_t b22 = ROL(a14 ^ d4, 39);
-        uint64_t b23 = ROL(a15 ^ d0, 41);
-        uint64_t b08 = ROL(a16 ^ d1, 45);
-        uint64_t b18 = ROL(a17 ^ d2, 15);
-        uint64_t b03 = ROL(a18 ^ d3, 21);
-        uint64_t b13 = ROL(a19 ^ d4, 8);
-        uint64_t b14 = ROL(a20 ^ d0, 18);
-        uint64_t b24 = ROL(a21 ^ d1, 2);
-        uint64_t b09 = ROL(a22 ^ d2, 61);
-        uint64_t b19 = ROL(a23 ^ d3, 56);
-        uint64_t b04 = ROL(a24 ^ d4, 14);
-        /* chi and iota */
-        a00 = b00 ^ (~b01 & b02) ^ KECCAK_RC[round];
-        a01 = b01 ^ (~b02 & b03); a02 = b02 ^ (~b03 & b04);
-        a03 = b03 ^ (~b04 & b00); a04 = b04 ^ (~b00 & b01);
-        a05 = b05 ^ (~b06 & b07); a06 = b06 ^ (~b07 & b08); a07 = b07 ^ (~b08 & b09);
-        a08 = b08 ^ (~b09 & b05); a09 = b09 ^ (~b05 & b06);
-        a10 = b10 ^ (~b11 & b12); a11 = b11 ^ (~b12 & b13); a12 = b12 ^ (~b13 & b14);
-        a13 = b13 ^ (~b14 & b10); a14 = b14 ^ (~b10 & b11);
-        a15 = b15 ^ (~b16 & b17); a16 = b16 ^ (~b17 & b18); a17 = b17 ^ (~b18 & b19);
-        a18 = b18 ^ (~b19 & b15); a19 = b19 ^ (~b15 & b16);
-        a20 = b20 ^ (~b21 & b22); a21 = b21 ^ (~b22 & b23); a22 = b22 ^ (~b23 & b24);
-        a23 = b23 ^ (~b24 & b20); a24 = b24 ^ (~b20 & b21);
+        for (int x = 0; x < 5; x++)  /* theta */
+            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+        d[0] = c[4] ^ rol64(c[1], 1);
+        d[1] = c[0] ^ rol64(c[2], 1);
+        d[2] = c[1] ^ rol64(c[3], 1);
+        d[3] = c[2] ^ rol64(c[4], 1);
+        d[4] = c[3] ^ rol64(c[0], 1);
+        for (int y = 0; y < 25; y += 5)
+            for (int x = 0; x < 5; x++)
+                a[y + x] ^= d[x];
+        for (int i = 0; i < 25; i++)  /* rho and pi */
+            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
+        for (int y = 0; y < 25; y += 5) {  /* chi */
+            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
+            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
+            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
+            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
+            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
+        }
+        a[0] ^= KECCAK_RC[round];  /* iota */
     }
-    s[0] = a00; s[1] = a01; s[2] = a02; s[3] = a03; s[4] = a04;
-    s[5] = a05; s[6] = a06; s[7] = a07; s[8] = a08; s[9] = a09;
-    s[10] = a10; s[11] = a11; s[12] = a12; s[13] = a13; s[14] = a14;
-    s[15] = a15; s[16] = a16; s[17] = a17; s[18] = a18; s[19] = a19;
-    s[20] = a20; s[21] = a21; s[22] = a22; s[23] = a23; s[24] = a24;
 }
 
 #define SHA3_256_RATE 136
@@ -741,55 +721,6 @@ sha3_256(const unsigned char *data, size_t len, unsigned char out[32])
     keccak_f1600(a);
     for (int i = 0; i < 32; i++)
         out[i] = (unsigned char)(a[i / 8] >> (8 * (i % 8)));
-}
-
-static PyObject *
-sha3_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "sha3_slices(body, bounds)");
-        return NULL;
-    }
-    Py_buffer body, bounds;
-    if (PyObject_GetBuffer(args[0], &body, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[1], &bounds, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&body);
-        return NULL;
-    }
-    PyObject *out = NULL;
-    const char *fmt = bounds.format ? bounds.format : "B";
-    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
-        fmt++;
-    if (bounds.itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0)) {
-        PyErr_SetString(PyExc_TypeError, "bounds must be a contiguous int64 array");
-        goto done;
-    }
-    Py_ssize_t count = bounds.len / 8 - 1;
-    if (count < 0)
-        count = 0;
-    const int64_t *at = (const int64_t *)bounds.buf;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (at[i] < 0 || at[i] > at[i + 1] || at[i + 1] > body.len) {
-            PyErr_Format(PyExc_ValueError, "slice %zd [%lld, %lld) is not inside the body "
-                         "of %zd bytes", i, (long long)at[i], (long long)at[i + 1], body.len);
-            goto done;
-        }
-    }
-    out = PyBytes_FromStringAndSize(NULL, 32 * count);
-    if (out == NULL)
-        goto done;
-    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
-    const unsigned char *data = (const unsigned char *)body.buf;
-    /* The buffers are held: writers may run meanwhile (the shipper's largest step). */
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count; i++)
-        sha3_256(data + at[i], (size_t)(at[i + 1] - at[i]), digests + 32 * i);
-    Py_END_ALLOW_THREADS
-done:
-    PyBuffer_Release(&body);
-    PyBuffer_Release(&bounds);
-    return out;
 }
 
 /* ---- replay: epoch records as columns (replay/_epoch_columns.py) ---------------------- */
@@ -1064,7 +995,7 @@ sponge_digest(Sponge *sp, unsigned char out[32])
 
 /* One contiguous array argument: its buffer, checked for item size and length. */
 static int
-get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+replay_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
           const char *what)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
@@ -1115,13 +1046,13 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "bounds must increase");
             goto done;
         }
-    if (get_array(args[1], &views[1], 8, m, "domains") < 0)
+    if (replay_array(args[1], &views[1], 8, m, "domains") < 0)
         goto done;
     held = 2;
-    if (get_array(args[2], &views[2], 8, m, "batches") < 0)
+    if (replay_array(args[2], &views[2], 8, m, "batches") < 0)
         goto done;
     held = 3;
-    if (get_array(args[3], &views[3], 4, n, "seqs") < 0)
+    if (replay_array(args[3], &views[3], 4, n, "seqs") < 0)
         goto done;
     held = 4;
     const int32_t *offsets[SEGMENT_COLUMNS];
@@ -1132,10 +1063,10 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "columns: (offsets, values) pairs");
             goto done;
         }
-        if (get_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
+        if (replay_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
             goto done;
         offsets[c] = (const int32_t *)views[held++].buf;
-        if (get_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
+        if (replay_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
             goto done;
         values[c] = (const unsigned char *)views[held].buf;
         Py_ssize_t size = views[held++].len;
@@ -1201,19 +1132,19 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int held = 0;
     PyObject *out = NULL;
     uint64_t *sums = NULL;
-    if (get_array(args[0], &views[held], 0, 0, "digests") < 0)
+    if (replay_array(args[0], &views[held], 0, 0, "digests") < 0)
         goto done;
     Py_ssize_t m = views[held++].len / 32;
-    if (get_array(args[3], &views[held], 0, 0, "kinds") < 0)
+    if (replay_array(args[3], &views[held], 0, 0, "kinds") < 0)
         goto done;
     Py_ssize_t n = views[held++].len;
     if (views[1].itemsize != 1) {
         PyErr_SetString(PyExc_ValueError, "kinds: int8 expected");
         goto done;
     }
-    if (get_array(args[1], &views[held++], 8, m, "owner") < 0
-        || get_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
-        || get_array(args[4], &views[held++], 8, 8, "primes") < 0)
+    if (replay_array(args[1], &views[held++], 8, m, "owner") < 0
+        || replay_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
+        || replay_array(args[4], &views[held++], 8, 8, "primes") < 0)
         goto done;
     const unsigned char *digests = (const unsigned char *)views[0].buf;
     const signed char *kinds = (const signed char *)views[1].buf;
@@ -1257,14 +1188,60 @@ done:
     return out;
 }
 
+static PyObject *
+sha3_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sha3_slices(body, bounds)");
+        return NULL;
+    }
+    Py_buffer body, bounds;
+    if (PyObject_GetBuffer(args[0], &body, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &bounds, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&body);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const char *fmt = bounds.format ? bounds.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    if (bounds.itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "bounds must be a contiguous int64 array");
+        goto done;
+    }
+    Py_ssize_t count = bounds.len / 8 - 1;
+    if (count < 0)
+        count = 0;
+    const int64_t *at = (const int64_t *)bounds.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at[i] < 0 || at[i] > at[i + 1] || at[i + 1] > body.len) {
+            PyErr_Format(PyExc_ValueError, "slice %zd [%lld, %lld) is not inside the body "
+                         "of %zd bytes", i, (long long)at[i], (long long)at[i + 1], body.len);
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * count);
+    if (out == NULL)
+        goto done;
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *data = (const unsigned char *)body.buf;
+    /* The buffers are held: writers may run meanwhile (the shipper's largest step). */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        sha3_256(data + at[i], (size_t)(at[i + 1] - at[i]), digests + 32 * i);
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&bounds);
+    return out;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
     {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
      "transpose(rows, width): the columns of a list of width-tuples, as a tuple of lists."},
-    {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
-     "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
-     "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
     {"epoch_fields", epoch_fields, METH_O,
      "epoch_fields(records): the fields of epoch records as column buffers, or None "
      "for records of another shape (replay._epoch_columns)."},
@@ -1274,6 +1251,9 @@ static PyMethodDef module_methods[] = {
     {"setsum_fault", (PyCFunction)(void (*)(void))setsum_fault, METH_FASTCALL,
      "setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose setsum "
      "is not its segments' (-1: none)."},
+    {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
+     "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
+     "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
