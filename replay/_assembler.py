@@ -21,7 +21,7 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -59,6 +59,7 @@ Cell = tuple[str, RowKey, str]
 _HALF: Final = np.uint64(1 << 63)
 _SEEN_WINDOW: Final = 64  # epochs a position token's "seen" suffix covers at most
 _BULK_EVENTS: Final = 1 << 16  # changesets() verifies this many events at once
+_RECORDS_AS_COLUMNS: Final = 16  # epoch records met together: kept as columns from this many
 _ONE = np.int64(1)
 _ONE_U = np.uint64(1)
 
@@ -176,12 +177,50 @@ class Snapshot:
 
 @dataclass
 class _TailRun:
-    """Epoch records held as a run's columns: seqs ``first`` to ``last``, consecutive."""
+    """Epoch records held as columns: seqs ``first`` to ``last``, consecutive; from
+    EPOCHS messages (``runs``, consecutive, joined into one piece as they come: their
+    columns are read once, when first needed) or records that came one by one
+    (``records``, with their columns)."""
 
     first: int
     last: int
-    run: EpochRun
-    columns: EpochColumns
+    runs: list[EpochRun]
+    cached: EpochColumns | None = None
+    records: Sequence[EpochRecord] = ()
+
+    @property
+    def columns(self) -> EpochColumns:
+        if self.cached is None:
+            self.cached = EpochColumns.of_run(self._run())
+        return self.cached
+
+    def _run(self) -> EpochRun:
+        """The runs as one."""
+        if len(self.runs) > 1:
+            self.runs = [EpochRun(pa.concat_batches([run.data for run in self.runs]))]
+        return self.runs[0]
+
+    def extend(self, run: EpochRun, last: int) -> bool:
+        """Take ``run`` (seqs ``last + 1`` on) into this piece, if its layout is the same."""
+        if not self.runs or run.data.schema != self.runs[-1].data.schema:
+            return False
+        self.runs.append(run)
+        self.last, self.cached = last, None
+        return True
+
+    def expand(self) -> Iterable[EpochRecord]:
+        """The records held, in seq order."""
+        if self.runs:
+            return itertools.chain.from_iterable(run.records() for run in self.runs)
+        return self.records
+
+    def after(self, seq: int) -> _TailRun:
+        """The records beyond ``seq`` (which lies inside this piece)."""
+        skip = seq + 1 - self.first
+        if self.runs:
+            return _TailRun(seq + 1, self.last, [EpochRun(self._run().data.slice(skip))])
+        records = self.records[skip:]
+        return _TailRun(seq + 1, self.last, [], EpochColumns.of_records(records), records)
 
 
 @dataclass
@@ -208,7 +247,7 @@ class _Domain:
         if self.tail:
             records = self.records
             for piece in self.tail:
-                for record in piece.run.records():
+                for record in piece.expand():
                     records[record.epoch_seq] = record
             self.tail = []
         return self.records
@@ -431,29 +470,66 @@ class Assembler:
     def _take(self, source: Iterator[ChangeEvent | EpochRecord | EpochRun | EventBatch
                                      | SnapshotChunk | StateDelta]) -> bool:
         """Store records from ``source`` until _BULK_EVENTS events wait (False) or it
-        ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed."""
-        domains = self._domains
+        ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed: epoch
+        records are gathered and stored together (``_store_records``) before any other
+        record, when the source ends and when it fails."""
         epoch_type, batch_type, run_type = EpochRecord, EventBatch, EpochRun
-        for record in source:
-            kind = type(record)
-            if kind is epoch_type:
-                domain = domains.get(record.domain_id)  # type: ignore[union-attr]
-                if domain is None:
-                    domain = self._domain(record.domain_id)  # type: ignore[union-attr]
-                seq = record.epoch_seq  # type: ignore[union-attr]
-                if seq > domain.applied_seq:
-                    known = domain.epochs.setdefault(seq, record)  # type: ignore[arg-type]
-                    if known is not record and known != record:
-                        self._store_epoch(record)  # type: ignore[arg-type]  # raises
-            elif kind is batch_type:
-                self._feed_events(record.data)  # type: ignore[union-attr]
-                self._pending_events += record.data.num_rows  # type: ignore[union-attr]
-                if self._pending_events >= _BULK_EVENTS:
+        pending: list[EpochRecord] = []
+        gather = pending.append
+        try:
+            for record in source:
+                kind = type(record)
+                if kind is epoch_type:
+                    gather(record)  # type: ignore[arg-type]
+                    continue
+                if pending:
+                    self._store_records(pending)
+                    pending = []
+                    gather = pending.append
+                if not self._take_one(record, kind is batch_type, kind is run_type):
                     return False
-            elif kind is run_type:
-                self._store_run(record)  # type: ignore[arg-type]
-            else:
-                self.feed(record, defer=True)
+        finally:
+            if pending:
+                self._store_records(pending)
+        return True
+
+    def _store_records(self, records: list[EpochRecord]) -> None:
+        """Store epoch records as ``_take`` met them. The usual case (one domain,
+        consecutive seqs, all beyond what is held) becomes one piece of the tail, as
+        columns read in one C pass; any other goes record by record."""
+        if len(records) >= _RECORDS_AS_COLUMNS:
+            found = EpochColumns.of_records_native(records)
+            if found is not None:
+                columns, domain_ids = found
+                seqs = columns.seqs
+                if (domain_ids == domain_ids[0]).all() and (np.diff(seqs) == _ONE_U).all():
+                    domain = self._domain(int(domain_ids[0]))
+                    first = int(seqs[0])
+                    if first > domain.applied_seq and first > domain.last_held():
+                        domain.tail.append(_TailRun(first, int(seqs[-1]), [], columns,
+                                                    records))
+                        return
+        domains = self._domains
+        for record in records:
+            domain = domains.get(record.domain_id) or self._domain(record.domain_id)
+            seq = record.epoch_seq
+            if seq > domain.applied_seq:
+                known = domain.epochs.setdefault(seq, record)
+                if known is not record and known != record:
+                    self._store_epoch(record)  # raises
+
+    def _take_one(self, record: ChangeEvent | EpochRecord | EpochRun | EventBatch
+                  | SnapshotChunk | StateDelta, is_batch: bool, is_run: bool) -> bool:
+        """``_take`` for a record other than an epoch record; False once _BULK_EVENTS
+        events wait."""
+        if is_batch:
+            self._feed_events(record.data)  # type: ignore[union-attr]
+            self._pending_events += record.data.num_rows  # type: ignore[union-attr]
+            return self._pending_events < _BULK_EVENTS
+        if is_run:
+            self._store_run(record)  # type: ignore[arg-type]
+        else:
+            self.feed(record, defer=True)
         return True
 
     def _feed_run(self, run: EpochRun, *, defer: bool) -> list[Changeset]:
@@ -495,7 +571,9 @@ class Assembler:
             if last <= domain.applied_seq:
                 return [domain_id]  # copies of applied epochs
             if first > domain.applied_seq and first > domain.last_held():
-                domain.tail.append(_TailRun(first, last, run, EpochColumns.of_run(run)))
+                tail = domain.tail
+                if not (tail and tail[-1].last + 1 == first and tail[-1].extend(run, last)):
+                    tail.append(_TailRun(first, last, [run]))
                 return [domain_id]
         for record in run.records():
             self._store_epoch(record)
@@ -838,9 +916,7 @@ def _drop_applied(domain: _Domain, last_seq: int) -> None:
     while tail and tail[0].last <= last_seq:
         tail.pop(0)
     if tail and tail[0].first <= last_seq:
-        piece, skip = tail[0], last_seq + 1 - tail[0].first
-        run = EpochRun(piece.run.data.slice(skip))
-        tail[0] = _TailRun(last_seq + 1, piece.last, run, EpochColumns.of_run(run))
+        tail[0] = tail[0].after(last_seq)
 
 
 class _Run:

@@ -1239,6 +1239,471 @@ sha3_256(const unsigned char *data, size_t len, unsigned char out[32])
         out[i] = (unsigned char)(a[i / 8] >> (8 * (i % 8)));
 }
 
+/* ---- replay: epoch records as columns (replay/_epoch_columns.py) ---------------------- */
+
+/* The interned attribute names epoch_fields reads (made once, on first use). */
+static PyObject *EF_NAMES[9];
+static const char *const EF_TEXT[9] = {
+    "epoch_seq", "begin_id", "end_id", "event_count", "quiescent", "setsum", "table_counts",
+    "domain_id", NULL,
+};
+
+#include <structmember.h>  /* T_OBJECT_EX, READ_RESTRICTED */
+
+/* Where the last record type seen keeps each field (slots: a member descriptor's
+ * offset), so a field is one load instead of a generic attribute lookup. */
+static PyTypeObject *EF_TYPE;
+static Py_ssize_t EF_OFFSET[8];
+
+static void
+ef_resolve(PyTypeObject *type)
+{
+    EF_TYPE = NULL;
+    if (type->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    for (int i = 0; i < 8; i++) {
+        PyObject *d = _PyType_Lookup(type, EF_NAMES[i]);  /* borrowed */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return;
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READ_RESTRICTED))
+            return;
+        EF_OFFSET[i] = member->offset;
+    }
+    EF_TYPE = type;
+}
+
+/* Field i of record, a new reference (NULL with an error set if it has none). */
+static inline PyObject *
+ef_get(PyObject *record, int i)
+{
+    if (Py_TYPE(record) == EF_TYPE) {
+        PyObject *v = *(PyObject **)((char *)record + EF_OFFSET[i]);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(record, EF_NAMES[i]);
+}
+
+/* Lowercase hex digit values; 0xFF for every other byte (one lookup, no branch). */
+static unsigned char HEX_VALUE[256];
+
+static void
+fill_hex_value(void)
+{
+    memset(HEX_VALUE, 0xFF, sizeof HEX_VALUE);
+    for (int c = '0'; c <= '9'; c++)
+        HEX_VALUE[c] = (unsigned char)(c - '0');
+    for (int c = 'a'; c <= 'f'; c++)
+        HEX_VALUE[c] = (unsigned char)(c - 'a' + 10);
+}
+
+/* What a record's setsum text says: 0 nothing (""), 1 a digest (64 lowercase hex
+ * digits, written to out), 2 anything else; -1 if it is not a str (the caller's
+ * Python path raises then). The same reading as _epoch_columns._setsum_lanes. */
+static int
+setsum_kind(PyObject *text, unsigned char out[32])
+{
+    if (!PyUnicode_Check(text))
+        return -1;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+    if (len == 0)
+        return 0;
+    if (len != 64 || !PyUnicode_IS_ASCII(text))
+        return 2;
+    const Py_UCS1 *c = PyUnicode_1BYTE_DATA(text);
+    unsigned bad = 0;
+    for (int i = 0; i < 32; i++) {
+        unsigned hi = HEX_VALUE[c[2 * i]], lo = HEX_VALUE[c[2 * i + 1]];
+        bad |= hi | lo;
+        out[i] = (unsigned char)(hi << 4 | (lo & 0xF));
+    }
+    if (bad & 0xF0) {
+        memset(out, 0, 32);  /* as the Python path leaves it */
+        return 2;
+    }
+    return 1;
+}
+
+/* epoch_fields(records): every field the assembler checks, one pass in C. Returns
+ * (ints, quiescent, digests, kinds, table_lengths, table_names, table_counts): ints is
+ * 5n uint64 (seqs, begins, ends, counts, domain ids, one column after another), quiescent n bytes
+ * 0/1, digests 32n bytes, kinds n int8 (setsum_kind), table_lengths n int64, then the
+ * flattened (name, count) pairs as a list of str and counts as uint64 bytes. Returns
+ * None for anything of another shape (an int out of range, a setsum that is no str, a
+ * table_counts item that is no (str, int) pair): the Python path then decides. */
+static PyObject *
+epoch_fields(PyObject *module, PyObject *records)
+{
+    if (EF_NAMES[0] == NULL) {
+        fill_hex_value();
+        for (int i = 0; EF_TEXT[i] != NULL; i++)
+            if ((EF_NAMES[i] = PyUnicode_InternFromString(EF_TEXT[i])) == NULL)
+                return NULL;
+    }
+    PyObject *seq = PySequence_Fast(records, "epoch_fields(records): a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *ints = PyBytes_FromStringAndSize(NULL, 40 * n);
+    PyObject *quiet = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *digests = PyBytes_FromStringAndSize(NULL, 32 * n);
+    PyObject *kinds = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *lengths = PyBytes_FromStringAndSize(NULL, 8 * n);
+    PyObject *names = PyList_New(0);
+    PyObject *counts = NULL, *result = NULL;
+    uint64_t *tc = NULL;
+    Py_ssize_t tc_len = 0, tc_cap = 0;
+    if (!ints || !quiet || !digests || !kinds || !lengths || !names)
+        goto done;
+    uint64_t *iv = (uint64_t *)PyBytes_AS_STRING(ints);
+    unsigned char *qv = (unsigned char *)PyBytes_AS_STRING(quiet);
+    unsigned char *dv = (unsigned char *)PyBytes_AS_STRING(digests);
+    signed char *kv = (signed char *)PyBytes_AS_STRING(kinds);
+    int64_t *lv = (int64_t *)PyBytes_AS_STRING(lengths);
+    memset(dv, 0, 32 * n);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *record = items[r];
+        if (Py_TYPE(record) != EF_TYPE)
+            ef_resolve(Py_TYPE(record));
+        for (int f = 0; f < 5; f++) {
+            PyObject *v = ef_get(record, f < 4 ? f : 7);
+            if (v == NULL)
+                goto done;
+            uint64_t x = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;
+            int bad = !PyLong_Check(v) || (x == (uint64_t)-1 && PyErr_Occurred());
+            Py_DECREF(v);
+            if (bad)
+                goto other;
+            iv[f * n + r] = x;
+        }
+        PyObject *v = ef_get(record, 4);
+        if (v == NULL)
+            goto done;
+        int truth = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (truth < 0)
+            goto done;
+        qv[r] = (unsigned char)truth;
+        if ((v = ef_get(record, 5)) == NULL)
+            goto done;
+        int kind = setsum_kind(v, dv + 32 * r);
+        Py_DECREF(v);
+        if (kind < 0)
+            goto other;
+        kv[r] = (signed char)kind;
+        if ((v = ef_get(record, 6)) == NULL)
+            goto done;
+        if (!PyTuple_Check(v)) {
+            Py_DECREF(v);
+            goto other;
+        }
+        Py_ssize_t m = PyTuple_GET_SIZE(v);
+        lv[r] = m;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            PyObject *pair = PyTuple_GET_ITEM(v, k);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))
+                || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
+                Py_DECREF(v);
+                goto other;
+            }
+            uint64_t count = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(pair, 1));
+            if (count == (uint64_t)-1 && PyErr_Occurred()) {
+                Py_DECREF(v);
+                goto other;
+            }
+            if (tc_len == tc_cap) {
+                tc_cap = tc_cap ? 2 * tc_cap : 64;
+                uint64_t *grown = PyMem_Realloc(tc, (size_t)tc_cap * sizeof(uint64_t));
+                if (grown == NULL) {
+                    Py_DECREF(v);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                tc = grown;
+            }
+            tc[tc_len++] = count;
+            if (PyList_Append(names, PyTuple_GET_ITEM(pair, 0)) < 0) {
+                Py_DECREF(v);
+                goto done;
+            }
+        }
+        Py_DECREF(v);
+    }
+    counts = PyBytes_FromStringAndSize((const char *)tc, 8 * tc_len);
+    if (counts == NULL)
+        goto done;
+    result = PyTuple_Pack(7, ints, quiet, digests, kinds, lengths, names, counts);
+    goto done;
+other:
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(seq);
+    Py_XDECREF(ints);
+    Py_XDECREF(quiet);
+    Py_XDECREF(digests);
+    Py_XDECREF(kinds);
+    Py_XDECREF(lengths);
+    Py_XDECREF(names);
+    Py_XDECREF(counts);
+    PyMem_Free(tc);
+    return result;
+}
+
+/* ---- replay: a run's segment digests, items built in C (replay/_epoch_columns.py) ----- */
+
+/* A SHA3-256 sponge fed piece by piece (a segment's item is never built in memory). */
+typedef struct {
+    uint64_t a[25];
+    unsigned char block[SHA3_256_RATE];
+    size_t fill;
+} Sponge;
+
+static void
+sponge_block(Sponge *sp)
+{
+    for (int i = 0; i < SHA3_256_RATE / 8; i++)
+        sp->a[i] ^= load64(sp->block + 8 * i);
+    keccak_f1600(sp->a);
+    sp->fill = 0;
+}
+
+static void
+sponge_absorb(Sponge *sp, const unsigned char *p, size_t len)
+{
+    while (len) {
+        size_t take = SHA3_256_RATE - sp->fill;
+        if (take > len)
+            take = len;
+        memcpy(sp->block + sp->fill, p, take);
+        sp->fill += take;
+        p += take;
+        len -= take;
+        if (sp->fill == SHA3_256_RATE)
+            sponge_block(sp);
+    }
+}
+
+static void
+sponge_be(Sponge *sp, uint64_t v, int bytes)
+{
+    unsigned char be[8];
+    for (int i = 0; i < bytes; i++)
+        be[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
+    sponge_absorb(sp, be, (size_t)bytes);
+}
+
+static void
+sponge_digest(Sponge *sp, unsigned char out[32])
+{
+    memset(sp->block + sp->fill, 0, SHA3_256_RATE - sp->fill);
+    sp->block[sp->fill] ^= 0x06;  /* as sha3_256 above */
+    sp->block[SHA3_256_RATE - 1] ^= 0x80;
+    sponge_block(sp);
+    for (int i = 0; i < 32; i++)
+        out[i] = (unsigned char)(sp->a[i / 8] >> (8 * (i % 8)));
+}
+
+#define SEGMENT_COLUMNS 5
+
+/* One contiguous array argument: its buffer, checked for item size and length. */
+static int
+replay_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+          const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (itemsize && (view->itemsize != itemsize || view->len != itemsize * count)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items of %zd bytes expected", what, count,
+                     itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digest of each
+ * segment's setsum item (the layout in sinks/codec.py), concatenated. Segment k is rows
+ * bounds[k]:bounds[k + 1] (int64, m + 1 of them); domains and batches are m uint64;
+ * seqs n uint32; columns five (offsets, values) pairs, offsets n + 1 int32 into the
+ * values buffer (Arrow's binary layout) for table, row, column, old, new. Everything
+ * is checked before hashing; the GIL is released meanwhile. */
+static PyObject *
+sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != SEGMENT_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "sha3_segments(bounds, domains, batches, seqs, "
+                        "((offsets, values) x 5))");
+        return NULL;
+    }
+    Py_buffer views[4 + 2 * SEGMENT_COLUMNS];
+    int held = 0;
+    PyObject *out = NULL;
+    /* bounds first: its length gives m, and n is its last value */
+    if (PyObject_GetBuffer(args[0], &views[0], PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    held = 1;
+    if (views[0].itemsize != 8 || views[0].len < 8 || views[0].len % 8) {
+        PyErr_SetString(PyExc_ValueError, "bounds: at least one int64 expected");
+        goto done;
+    }
+    Py_ssize_t m = views[0].len / 8 - 1;
+    const int64_t *bounds = (const int64_t *)views[0].buf;
+    int64_t n = bounds[m];
+    if (bounds[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "bounds must start at 0");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (bounds[k] >= bounds[k + 1]) {
+            PyErr_SetString(PyExc_ValueError, "bounds must increase");
+            goto done;
+        }
+    if (replay_array(args[1], &views[1], 8, m, "domains") < 0)
+        goto done;
+    held = 2;
+    if (replay_array(args[2], &views[2], 8, m, "batches") < 0)
+        goto done;
+    held = 3;
+    if (replay_array(args[3], &views[3], 4, n, "seqs") < 0)
+        goto done;
+    held = 4;
+    const int32_t *offsets[SEGMENT_COLUMNS];
+    const unsigned char *values[SEGMENT_COLUMNS];
+    for (int c = 0; c < SEGMENT_COLUMNS; c++) {
+        PyObject *pair = PyTuple_GET_ITEM(args[4], c);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "columns: (offsets, values) pairs");
+            goto done;
+        }
+        if (replay_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
+            goto done;
+        offsets[c] = (const int32_t *)views[held++].buf;
+        if (replay_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
+            goto done;
+        values[c] = (const unsigned char *)views[held].buf;
+        Py_ssize_t size = views[held++].len;
+        const int32_t *o = offsets[c];
+        if (o[0] < 0 || o[n] > size) {
+            PyErr_SetString(PyExc_ValueError, "offsets outside the values buffer");
+            goto done;
+        }
+        for (int64_t i = 0; i < n; i++)
+            if (o[i] > o[i + 1]) {
+                PyErr_SetString(PyExc_ValueError, "offsets must not decrease");
+                goto done;
+            }
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * m);
+    if (out == NULL)
+        goto done;
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const uint64_t *domains = (const uint64_t *)views[1].buf;
+    const uint64_t *batches = (const uint64_t *)views[2].buf;
+    const uint32_t *seqs = (const uint32_t *)views[3].buf;
+    static const unsigned char MAGIC[8] = {'C', 'D', 'C', 'S', 'E', 'G', '1', 0};
+    Py_BEGIN_ALLOW_THREADS
+    Sponge sp;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t lo = bounds[k], hi = bounds[k + 1];
+        memset(sp.a, 0, sizeof sp.a);
+        sp.fill = 0;
+        sponge_absorb(&sp, MAGIC, 8);
+        sponge_be(&sp, domains[k], 8);
+        sponge_be(&sp, batches[k], 8);
+        sponge_be(&sp, (uint64_t)(hi - lo), 4);
+        for (int64_t i = lo; i < hi; i++)
+            sponge_be(&sp, seqs[i], 4);
+        for (int c = 0; c < SEGMENT_COLUMNS; c++) {
+            const int32_t *o = offsets[c];
+            for (int64_t i = lo; i < hi; i++)
+                sponge_be(&sp, (uint64_t)(o[i + 1] - o[i]), 4);
+            sponge_absorb(&sp, values[c] + o[lo], (size_t)(o[hi] - o[lo]));
+        }
+        sponge_digest(&sp, digests + 32 * k);
+    }
+    Py_END_ALLOW_THREADS
+done:
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    return out;
+}
+
+/* setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose record's
+ * setsum (lanes: n x 8 uint32, kinds: n int8, 0 none, 1 digest, 2 bogus) is not the
+ * setsum of its segments' digests (32 bytes each, segment k belonging to epoch
+ * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64). -1: none.
+ * What replay._epoch_columns.first_setsum_fault computes in numpy, in one pass. */
+static PyObject *
+setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "setsum_fault(digests, owner, lanes, kinds, primes)");
+        return NULL;
+    }
+    Py_buffer views[5];
+    int held = 0;
+    PyObject *out = NULL;
+    uint64_t *sums = NULL;
+    if (replay_array(args[0], &views[held], 0, 0, "digests") < 0)
+        goto done;
+    Py_ssize_t m = views[held++].len / 32;
+    if (replay_array(args[3], &views[held], 0, 0, "kinds") < 0)
+        goto done;
+    Py_ssize_t n = views[held++].len;
+    if (views[1].itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "kinds: int8 expected");
+        goto done;
+    }
+    if (replay_array(args[1], &views[held++], 8, m, "owner") < 0
+        || replay_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
+        || replay_array(args[4], &views[held++], 8, 8, "primes") < 0)
+        goto done;
+    const unsigned char *digests = (const unsigned char *)views[0].buf;
+    const signed char *kinds = (const signed char *)views[1].buf;
+    const int64_t *owner = (const int64_t *)views[2].buf;
+    const uint32_t *lanes = (const uint32_t *)views[3].buf;
+    const uint64_t *primes = (const uint64_t *)views[4].buf;
+    sums = PyMem_Calloc((size_t)(n ? n : 1), 8 * sizeof(uint64_t));
+    if (sums == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t e = owner[k];
+        if (e < 0 || e >= n)
+            continue;
+        for (int i = 0; i < 8; i++) {
+            const unsigned char *d = digests + 32 * k + 4 * i;
+            sums[8 * e + i] += (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16
+                               | (uint64_t)d[3] << 24;
+        }
+    }
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t e = 0; e < n && bad < 0; e++) {
+        if (kinds[e] == 0)
+            continue;
+        if (kinds[e] != 1) {
+            bad = e;
+            break;
+        }
+        for (int i = 0; i < 8; i++)
+            if (sums[8 * e + i] % primes[i] != lanes[8 * e + i]) {
+                bad = e;
+                break;
+            }
+    }
+    out = PyLong_FromSsize_t(bad);
+done:
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(sums);
+    return out;
+}
+
 static PyObject *
 sha3_slices(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1440,6 +1905,15 @@ done:
 static PyMethodDef module_methods[] = {
     {"transpose", (PyCFunction)(void (*)(void))transpose, METH_FASTCALL,
      "transpose(rows, width): the columns of a list of width-tuples, as a tuple of lists."},
+    {"epoch_fields", epoch_fields, METH_O,
+     "epoch_fields(records): the fields of epoch records as column buffers, or None "
+     "for records of another shape (replay._epoch_columns)."},
+    {"sha3_segments", (PyCFunction)(void (*)(void))sha3_segments, METH_FASTCALL,
+     "sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digests of "
+     "the segments' setsum items (sinks.codec's layout), built and hashed in C."},
+    {"setsum_fault", (PyCFunction)(void (*)(void))setsum_fault, METH_FASTCALL,
+     "setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose setsum "
+     "is not its segments' (-1: none)."},
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},

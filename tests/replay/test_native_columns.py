@@ -1,0 +1,320 @@
+"""The assembler's C passes equal their Python twins, on odd input too.
+
+- ``EpochColumns.of_records`` (``sequencer.NATIVE.epoch_fields``: every field of every
+  epoch record in one pass) against ``of_records_py``: the same columns, or the same
+  error, whatever the records hold (bogus setsums, odd table lists, ints out of range).
+- ``segment_digests_at`` (``sequencer.NATIVE.sha3_segments``: items built and hashed in
+  C) against ``sinks.codec.segment_digest_array``: the same segments and digests, on
+  sliced Arrow arrays and across SHA3 block edges; its argument checks.
+- The assembler's fast path with both switched off (the pure-Python fallback) still
+  equals the reference on a damaged log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import replay._assembler as assembler_module
+import replay._epoch_columns as columns_module
+from replay import Assembler
+from replay._epoch_columns import EpochColumns, segment_digests_at
+from sequencer import NATIVE, EpochRecord
+from sinks.codec import EVENT_SCHEMA, SEGMENT_BITS, EventBatch, segment_digest_array
+
+HEX = "0123456789abcdef"
+setsums = st.one_of(
+    st.text(HEX, min_size=64, max_size=64),  # a digest
+    st.just(""),  # not filled in
+    st.text(HEX.upper(), min_size=64, max_size=64),  # no canonical digest
+    st.text(HEX + "g é", min_size=62, max_size=66),
+    st.just("é" * 64),
+)
+u64 = st.integers(0, (1 << 64) - 1)
+pairs = st.tuples(st.sampled_from(["t", "users", "é", ""]), st.integers(0, 9) | u64)
+tables = (st.lists(pairs, max_size=3).map(tuple)
+          | st.lists(pairs, max_size=2)  # a list, not a tuple: C leaves it to Python
+          | st.just((("t",),)))  # not a pair
+records = st.builds(EpochRecord, domain_id=u64, epoch_seq=u64, begin_id=u64, end_id=u64,
+                    event_count=u64, quiescent=st.booleans() | st.integers(0, 2),
+                    table_counts=tables, setsum=setsums)
+
+
+def _outcome(build: Any, rows: list[EpochRecord]) -> Any:
+    try:
+        cols = build(rows)
+    except Exception as exc:
+        return type(exc).__name__
+    return [f.to_pylist() if isinstance(f, pa.Array) else (f.dtype.str, f.tolist())
+            for f in (getattr(cols, name) for name in cols.__dataclass_fields__)]
+
+
+def native() -> Any:
+    assert NATIVE is not None, "the C extension is built by scripts/test.sh"
+    return NATIVE
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(records, max_size=12))
+def test_epoch_fields_give_the_python_columns(rows: list[EpochRecord]) -> None:
+    native()
+    assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
+                                                                rows)
+
+
+def test_epoch_fields_read_a_usual_run() -> None:
+    """A digest, an empty setsum and a bogus one side by side; tables counted."""
+    digest = "0123456789abcdef" * 4
+    rows = [EpochRecord(7, 1, 0, 5, 2, False, (("t", 1), ("u", 1)), digest),
+            EpochRecord(7, 2, 5, 9, 0, True, (), ""),
+            EpochRecord(7, 3, 9, 12, 1, True, (("t", 1),), digest.upper())]
+    cols = EpochColumns.of_records(rows)
+    assert cols.seqs.tolist() == [1, 2, 3] and cols.ends.tolist() == [5, 9, 12]
+    assert cols.setsum_kind.tolist() == [1, 0, 2]
+    assert cols.lanes[0].tobytes() == bytes.fromhex(digest)
+    assert cols.lanes[2].tobytes() == bytes(32)
+    assert cols.table_offsets.tolist() == [0, 2, 2, 3]
+    assert cols.table_names.to_pylist() == ["t", "u", "t"]
+    found = EpochColumns.of_records_native(rows)
+    assert found is not None and found[1].tolist() == [7, 7, 7]  # the domain ids
+    assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
+                                                                rows)
+
+
+@pytest.mark.parametrize("bad", [
+    {"epoch_seq": -1}, {"end_id": 1 << 64}, {"event_count": None},
+    {"table_counts": (("t", -1),)}, {"setsum": None}])
+def test_epoch_fields_leave_what_is_out_of_range_to_python(bad: dict[str, Any]) -> None:
+    """The C pass declines (None) and the Python path raises as it always did."""
+    record = EpochRecord(7, 1, 0, 5, 1, True, (("t", 1),), "")
+    rows = [record, EpochRecord(**{**_fields(record), **bad})]
+    assert native().epoch_fields(rows) is None
+    outcome = _outcome(EpochColumns.of_records, rows)
+    assert outcome == _outcome(EpochColumns.of_records_py, rows)
+    assert isinstance(outcome, str), outcome  # the error's name
+
+
+def _fields(record: EpochRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+
+
+class _LooseRecord:
+    """Not an EpochRecord: the same fields as plain attributes (read by getattr)."""
+
+    def __init__(self, record: EpochRecord, **change: Any) -> None:
+        self.__dict__.update({**_fields(record), **change})
+
+
+def test_epoch_fields_read_records_of_any_type_alike() -> None:
+    """Records of other types, mixed with EpochRecords (the C pass caches where one type
+    keeps its fields): the same columns as the Python path."""
+    digest = "ab" * 32
+    first = EpochRecord(7, 1, 0, 5, 1, False, (("t", 1),), digest)
+    rows: list[Any] = [first, _LooseRecord(first, epoch_seq=2, setsum=""),
+                       EpochRecord(7, 3, 5, 9, 0, True, (), digest),
+                       _LooseRecord(first, epoch_seq=4, quiescent=True)]
+    assert native().epoch_fields(rows) is not None
+    assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
+                                                                rows)
+    assert EpochColumns.of_records(rows).seqs.tolist() == [1, 2, 3, 4]
+
+
+values = st.binary(max_size=150)
+events = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 9),
+                            st.sampled_from(["t", "users", "é"]), values,
+                            st.sampled_from(["a", "b"]), values, values),
+                  max_size=40)
+
+
+def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    """Events sorted by (domain, batch, seq): whole segments, each in seq order."""
+    rows = sorted({r[:3]: r for r in rows}.values())
+    return pa.RecordBatch.from_pylist(
+        [dict(zip(EVENT_SCHEMA.names,
+                  (d, b, (s // 4) << SEGMENT_BITS | s, t, r, c, o, n), strict=True))
+         for d, b, s, t, r, c, o, n in rows], schema=EVENT_SCHEMA)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events, st.integers(0, 5))
+@example([(0, 0, 0, "t", b"x" * 136, "a", b"", b"y" * 97)], 0)  # items across block edges
+def test_sha3_segments_give_the_codecs_digests(rows: list[tuple[Any, ...]], cut: int) -> None:
+    native()
+    data = _batch(rows)
+    for piece in (data, data.slice(min(cut, data.num_rows)),
+                  pa.Table.from_batches([data.slice(0, cut), data.slice(cut)])):
+        starts, digests = segment_digests_at(piece)
+        expected_starts, expected = segment_digest_array(piece)
+        assert starts.tolist() == expected_starts.tolist()
+        assert digests == expected
+
+
+def test_sha3_segments_refuse_what_does_not_fit() -> None:
+    sha3 = native().sha3_segments
+    one = np.array([1], np.uint64)
+    seqs = np.array([0], np.uint32)
+    good = (np.array([0, 1], np.int32), b"x")
+    sha3(np.array([0, 1], np.int64), one, one, seqs, (good,) * 5)
+    with pytest.raises(ValueError, match="outside the values buffer"):
+        sha3(np.array([0, 1], np.int64), one, one, seqs,
+             ((np.array([0, 2], np.int32), b"x"),) + (good,) * 4)
+    with pytest.raises(ValueError, match="must not decrease"):
+        sha3(np.array([0, 2], np.int64), np.array([1], np.uint64), np.array([1], np.uint64),
+             np.array([0, 1], np.uint32), ((np.array([0, 1, 0], np.int32), b"x"),) * 5)
+    with pytest.raises(ValueError, match="bounds must increase"):
+        sha3(np.array([0, 0, 1], np.int64), one, one, seqs, (good,) * 5)
+    with pytest.raises(ValueError, match="seqs"):
+        sha3(np.array([0, 1], np.int64), one, one, np.array([0, 1], np.uint32), (good,) * 5)
+    with pytest.raises(TypeError, match="sha3_segments"):
+        sha3(np.array([0, 1], np.int64), one, one, seqs, (good,) * 4)
+
+
+def test_the_python_fallback_verifies_as_the_c_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the C extension the fast path is the same: a damaged log gives the same
+    changesets, then the same error, as with it."""
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for i in range(30):
+        agent.set("t", i % 7, "c", i)
+    agent.close()
+    log: list[Any] = [EventBatch.from_events(sink.events), *sink.epochs]
+    # Alter one event's new value: its epoch's setsum no longer holds.
+    data = log[0].data
+    new = data.column("new").to_pylist()
+    new[17] = b"\x02" + (99).to_bytes(8, "big")
+    log[0] = EventBatch(pa.RecordBatch.from_arrays(
+        [*data.columns[:7], pa.array(new, pa.binary())], schema=EVENT_SCHEMA))
+
+    def run() -> tuple[list[Any], str]:
+        seen = []
+        try:
+            for changeset in Assembler().changesets(log):
+                seen.append((changeset.epoch_seq, changeset.changes))
+        except Exception as exc:
+            return seen, str(exc)
+        return seen, ""
+
+    with_c = run()
+    monkeypatch.setattr(columns_module, "_EPOCH_FIELDS", None)
+    monkeypatch.setattr(columns_module, "_SHA3_SEGMENTS", None)
+    without = run()
+    assert with_c == without
+    assert "setsum" in with_c[1] and len(with_c[0]) == 17
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_setsum_fault_finds_the_numpy_ones(data: st.DataObject) -> None:
+    """The C sums and comparisons name the same first epoch as numpy's: records whose
+    setsum is their segments' (some altered in one lane, some bogus or unfilled)."""
+    native()
+    n = data.draw(st.integers(1, 12))
+    owner = np.array(sorted(data.draw(st.lists(st.integers(0, n), max_size=20))), np.int64)
+    digests = data.draw(st.binary(min_size=32 * len(owner), max_size=32 * len(owner)))
+    segment_lanes = np.frombuffer(digests, "<u4").reshape(-1, 8).astype(np.uint64)
+    primes = columns_module._PRIMES
+    lanes = np.zeros((n, 8), np.uint32)
+    for epoch in range(n):
+        lanes[epoch] = segment_lanes[owner == epoch].sum(axis=0) % primes
+    kinds = np.array(data.draw(st.lists(st.sampled_from([0, 1, 1, 1, 2]), min_size=n,
+                                        max_size=n)), np.int8)
+    for epoch in data.draw(st.lists(st.integers(0, n - 1), max_size=2)):
+        lanes[epoch, data.draw(st.integers(0, 7))] ^= 1 << data.draw(st.integers(0, 31))
+    cols = EpochColumns(*(np.zeros(n, np.uint64),) * 4, np.zeros(n, bool), lanes, kinds,
+                        np.zeros(n + 1, np.int64), pa.array([], pa.utf8()),
+                        np.zeros(0, np.uint64))
+    calls: list[Any] = []
+
+    def digests_of(_data: Any) -> tuple[np.ndarray, bytes]:
+        calls.append(1)
+        return np.arange(len(owner)), digests
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columns_module, "segment_digests_at", digests_of)
+        found = columns_module.first_setsum_fault(cols, None, owner)  # type: ignore[arg-type]
+        patch.setattr(columns_module, "_SETSUM_FAULT", None)
+        expected = columns_module.first_setsum_fault(cols, None, owner)  # type: ignore[arg-type]
+    assert found == expected
+    assert len(calls) == (2 if (kinds != 0).any() else 0)
+
+
+def _one_writer_log(events: int) -> tuple[EventBatch, list[EpochRecord]]:
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for i in range(events):
+        agent.set("t", i % 7, "c", i)
+    agent.close()
+    return EventBatch.from_events(sink.events), sink.epochs
+
+
+def _assembled(log: list[Any], *, bulk: bool) -> tuple[list[Any], str]:
+    seen: list[Any] = []
+    assembler = Assembler()
+    try:
+        if bulk:
+            for changeset in assembler.changesets(log):
+                seen.append((changeset.epoch_seq, changeset.changes, changeset.before))
+        else:
+            for record in log:
+                for changeset in assembler.feed(record):
+                    seen.append((changeset.epoch_seq, changeset.changes, changeset.before))
+            assembler.check_gaps()
+    except Exception as exc:
+        return seen, str(exc)
+    return seen, ""
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 59), st.integers(1, 60)), min_size=1, max_size=4),
+       st.booleans(), st.integers(0, 59))
+def test_epoch_records_met_together_as_one_at_a_time(
+        pieces: list[tuple[int, int]], alter: bool, which: int) -> None:
+    """Epoch records come in groups (kept as columns when consecutive and new): groups
+    repeating, overlapping or preceding held ones, and a repeat that differs, give the
+    changesets and error of storing each record by itself; with no differing repeat,
+    those of feeding each record by itself. (A differing copy of an epoch the reference
+    has already applied is dropped there, unseen, but refused by ``changesets()``, which
+    may still hold the epoch: that is older than the groups.)"""
+    batch, epochs = _one_writer_log(30)  # 60 epoch records
+    nothing = EventBatch(batch.data.slice(0, 0))  # ends a group, changes nothing
+    log: list[Any] = [batch]
+    for start, length in pieces:
+        log += [*epochs[start:start + length], nothing]
+    if alter:  # a second, different record for one epoch
+        log.append(dataclasses.replace(epochs[which], event_count=epochs[which].event_count + 1))
+    log += epochs  # every epoch at least once
+    found = _assembled(log, bulk=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(assembler_module, "_RECORDS_AS_COLUMNS", 1 << 30)  # one by one
+        assert found == _assembled(log, bulk=True)
+    if not alter:
+        assert found == _assembled(log, bulk=False)
+
+
+def test_a_failing_source_hands_out_the_groups_taken_first() -> None:
+    """Epoch records gathered when the source fails are stored: their intervals are
+    handed out, then the source's error."""
+    batch, epochs = _one_writer_log(30)
+
+    def source() -> Any:
+        yield batch
+        yield from epochs[:41]  # 20 whole intervals, and one epoch of the next
+        raise OSError("fragment unreadable")
+
+    seen = []
+    with pytest.raises(OSError, match="fragment unreadable"):
+        for changeset in Assembler().changesets(source()):
+            seen.append(changeset.epoch_seq)
+    assert seen == [2 * k for k in range(1, 21)]
