@@ -438,11 +438,11 @@ def test_requests_sent_just_before_a_crash_are_not_lost(folder: Path) -> None:
     entered, release = threading.Event(), threading.Event()
     answer = served.sidecar._answer
 
-    async def blocking(connection: Any, line: bytes) -> bytes:
+    def blocking(connection: Any, line: bytes) -> Any:
         if b'"block"' in line:  # hold the sidecar's loop while the client dies
             entered.set()
             release.wait(30)
-        return await answer(connection, line)
+        return answer(connection, line)
 
     served.sidecar._answer = blocking  # type: ignore[method-assign]
     victim, blocker = Raw(folder / "s"), Raw(folder / "s")
