@@ -263,7 +263,33 @@ def _request_id(raw: object) -> RequestId:
     return raw  # type: ignore[return-value]
 
 
+_NAMES: set[str] = set()  # table and column names that passed check_name (bounded)
+_NAMES_MAX: Final = 100_000
+
+
 def _decode_event(index: int, raw: object) -> Event:
+    # The common event first: names seen before, an ASCII str or in-range int row, and
+    # values that are JSON literals decoding to themselves (null, a bool, an in-range
+    # int, an ASCII str: a lone surrogate needs a non-ASCII escape). These need none
+    # of the checks below; anything else takes them all.
+    if type(raw) is list and len(raw) == 5:
+        table, row, column, old, new = raw
+        kind, old_kind, new_kind = type(row), type(old), type(new)
+        if (type(table) is str and table in _NAMES and type(column) is str
+                and column in _NAMES
+                and ((kind is int and INT64_MIN <= row <= INT64_MAX)
+                     or (kind is str and row.isascii()))
+                and (old is None or old_kind is bool
+                     or (old_kind is int and INT64_MIN <= old <= INT64_MAX)
+                     or (old_kind is str and old.isascii()))
+                and (new is None or new_kind is bool
+                     or (new_kind is int and INT64_MIN <= new <= INT64_MAX)
+                     or (new_kind is str and new.isascii()))):
+            return (table, row, column, old, new)
+    return _decode_event_checked(index, raw)
+
+
+def _decode_event_checked(index: int, raw: object) -> Event:
     if type(raw) is not list or len(raw) != 5:
         raise ProtocolError(BAD_REQUEST, f"event {index}: an event is a list "
                             "[table, row, column, old, new]")
@@ -289,6 +315,9 @@ def _decode_event(index: int, raw: object) -> Event:
     if old_value is ABSENT and new_value is ABSENT:
         raise ProtocolError(INVALID_WRITE, f"event {index}: old and new are both absent: "
                             "nothing changed, so there is no event to report")
+    if len(_NAMES) < _NAMES_MAX:  # checked: the next event naming them is fast
+        _NAMES.add(table)
+        _NAMES.add(column)
     return (table, row_key, column, old_value, new_value)
 
 

@@ -4,8 +4,13 @@ Applications write their legacy store themselves (an atomic exchange, which retu
 the old value) and report each write here; the sidecar owns the sequencer and the
 sink, exactly as an in-process ``Agent`` would, and never touches the store.
 
-One asyncio task per connection handles its requests one at a time, in order. A
-connection may hold several open batches; they belong to it alone. When a connection
+Each connection's requests are handled one at a time, in order, right in the event
+loop's callback that received them: a request that needs no waiting (``events``, a
+plain ``close``, an ``open`` whose batch can open at once) is answered there, with no
+hand-off to a task. A request that must wait (an ``open`` held back by forced
+quiescence or a full queue, a durable ``close``, ``flush``, a baseline's hold) runs as
+a task, and the connection's later requests wait behind it. A connection may hold
+several open batches; they belong to it alone. When a connection
 ends (the client closed it, or crashed) with batches still open, the sidecar closes
 them: their reported events are real writes, and an open batch left behind would hold
 the sequencer back forever.
@@ -22,14 +27,14 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import structlog
 
-from agent._agent import AgentClosed, QuiescenceTimeout, _Batch, _Capture
+from agent._agent import SEGMENT_EVENTS, AgentClosed, QuiescenceTimeout, _Batch, _Capture
 from agent._shipper import ShippingBackpressure, ShippingFailed
 from agent.sidecar import _protocol as p
 from sinks import Sink
@@ -57,10 +62,6 @@ _MAX_SOCKET_PATH: Final = 107  # bytes in sockaddr_un.sun_path, less the final N
 DEFAULT_MAX_QUIESCENCE_INTERVAL: Final = 0.1  # seconds
 
 
-class _OverBudget(Exception):
-    """This connection's unfinished request was refused: the global budget is spent."""
-
-
 class _Budget:
     """Bytes received but not yet handled, across all connections, against a limit.
 
@@ -74,8 +75,8 @@ class _Budget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.readers: set[_Reader] = set()
-        self.paused: set[_Reader] = set()
+        self.readers: set[_Session] = set()
+        self.paused: set[_Session] = set()
 
     def release(self, count: int) -> None:
         self.used -= count
@@ -84,80 +85,226 @@ class _Budget:
             for reader in paused:
                 reader.resume()
 
-    def over(self, reader: _Reader) -> None:
+    def over(self, reader: _Session) -> None:
         if any(other.has_request() for other in self.readers):
             reader.pause()  # others will free bytes as they handle their requests
             self.paused.add(reader)
             return
         victim = max(self.readers, key=lambda r: r.buffered())
-        victim.pause()
-        victim.set_exception(_OverBudget(victim.buffered()))
+        victim.refuse_over_budget()
 
 
 _HOLD_REPLIES: Final = 256  # replies to pipelined requests written together at most
 
 
-class _Reader(asyncio.StreamReader):
-    """A ``StreamReader`` that turns a connection reset into end of stream, and counts
-    its buffered bytes against the sidecar's global budget.
+class _Session(asyncio.Protocol):
+    """One client connection: splits the bytes it receives into request lines and has
+    the sidecar answer them in order, in this callback when they need no waiting.
 
+    The bytes received but not yet handled count against the sidecar's global budget.
     A client that dies with replies unread in its socket makes the kernel report
-    ECONNRESET to the sidecar; ``StreamReader`` would then raise at once and drop
-    the requests already received but not yet read. Those are real writes: read them
-    all, then see the end of the stream.
+    ECONNRESET: the requests already received are real writes, so they are still
+    handled (their replies dropped) before the connection's batches close.
     """
 
-    # StreamReader keeps its buffer and flow control in private fields (_buffer,
-    # _transport, _paused); the budget reads and drives them the way it does itself.
+    def __init__(self, sidecar: Sidecar, number: int) -> None:
+        self._sidecar = sidecar
+        self._budget = sidecar._budget
+        self._max_line = sidecar.max_line
+        self.connection = _Connection(number)
+        self._buffer = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self._waiting: asyncio.Task[None] | None = None  # a request that waits; later
+                                                         # lines wait behind it
+        self._ended = False  # no more requests: end of stream, reset, or refused
+        self._finished = False  # its batches are closed, it left the sidecar's list
+        self._detached = False  # its bytes are given back, its socket closed
+        self._paused = False  # by the budget
+        self._writes_paused = False  # the client does not read its replies
 
-    def __init__(self, budget: _Budget, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._budget = budget
-        budget.readers.add(self)
+    # -- asyncio.Protocol ------------------------------------------------------------
 
-    def set_exception(self, exc: Exception) -> None:
-        if isinstance(exc, ConnectionError):
-            self.feed_eof()
-        else:
-            super().set_exception(exc)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._sidecar._connections[self.connection] = self
+        self._budget.readers.add(self)
 
-    def feed_data(self, data: bytes) -> None:  # type: ignore[override]
-        super().feed_data(data)
+    def data_received(self, data: bytes) -> None:
+        if self._detached:
+            return
+        self._buffer += data
         budget = self._budget
         budget.used += len(data)
         if budget.used > budget.limit:
             budget.over(self)
+        if self._waiting is None and not self._detached:
+            self._handle_lines()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        if self._waiting is None:
+            self._handle_lines()
+        return True  # keep the transport: replies may still be written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None  # replies have nowhere to go; requests are still handled
+        if not self._ended:
+            self._ended = True
+            if self._waiting is None:
+                self._handle_lines()
+
+    def pause_writing(self) -> None:
+        self._writes_paused = True  # read no more requests until the client reads
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writes_paused = False
+        if self._transport is not None and not self._paused:
+            self._transport.resume_reading()
+
+    # -- the budget's view -----------------------------------------------------------
 
     def buffered(self) -> int:
-        return len(self._buffer)  # type: ignore[attr-defined]
+        return len(self._buffer)
 
     def has_request(self) -> bool:
-        return self._buffer.find(b"\n") >= 0  # type: ignore[attr-defined,no-any-return]
+        return self._buffer.find(b"\n") >= 0
 
     def pause(self) -> None:
-        transport = self._transport  # type: ignore[attr-defined]
-        if transport is not None and not self._paused:  # type: ignore[has-type]
+        if not self._paused and self._transport is not None:
             self._paused = True
-            transport.pause_reading()
+            self._transport.pause_reading()
 
     def resume(self) -> None:
-        transport = self._transport  # type: ignore[attr-defined]
-        if transport is not None and self._paused:
+        if self._paused:
             self._paused = False
-            transport.resume_reading()
+            if self._transport is not None and not self._writes_paused:
+                self._transport.resume_reading()
 
-    def consumed(self, count: int) -> None:
-        """``count`` buffered bytes were taken out (a request line)."""
-        self._budget.release(count)
+    def refuse_over_budget(self) -> None:
+        """The budget is spent and this connection holds the largest unfinished
+        request: refuse it and end the connection."""
+        self._refuse(p.encode_error(
+            None, p.MEMORY_LIMIT, f"the sidecar holds at most {self._budget.limit} "
+            "bytes of unhandled requests over all connections, and this "
+            f"connection's unfinished request ({self.buffered()} bytes so far) was the "
+            "largest when that was spent; the connection closes (its open batches "
+            "too): send smaller requests (split events over several)"))
 
-    def detach(self) -> None:
-        """The connection ended: give its remaining bytes back to the budget."""
+    # -- requests --------------------------------------------------------------------
+
+    def _handle_lines(self) -> None:
+        """Answer the complete lines buffered, in order, until one must wait."""
+        buffer = self._buffer
+        sidecar = self._sidecar
+        connection = self.connection
+        replies: list[bytes] = []
+        position = 0
+        try:
+            while not self._detached:
+                end = buffer.find(b"\n", position)
+                if end < 0:
+                    if len(buffer) - position > self._max_line:
+                        return self._too_long()
+                    if not self._ended:
+                        break
+                    end = len(buffer) - 1  # a last request without its newline
+                    if end < position:
+                        break
+                if end - position > self._max_line:
+                    return self._too_long()
+                line = bytes(buffer[position:end + 1])
+                position = end + 1
+                if not line.strip():
+                    continue
+                reply = sidecar._answer(connection, line)
+                if type(reply) is not bytes:  # it must wait: later lines wait behind it
+                    self._waiting = asyncio.ensure_future(self._wait(reply))  # type: ignore[arg-type]
+                    sidecar._handlers.add(self._waiting)
+                    return
+                if reply:  # empty: a protocol 2 success that needs no reply
+                    replies.append(reply)
+                    if len(replies) >= _HOLD_REPLIES:
+                        self._write(replies)
+        finally:
+            if replies:
+                self._write(replies)
+            if position and not self._detached:  # else given back with the rest
+                del buffer[:position]
+                self._budget.release(position)
+        if self._ended and self._waiting is None:
+            self._finish()
+
+    async def _wait(self, pending: Coroutine[object, object, bytes]) -> None:
+        try:
+            reply = await pending
+        finally:
+            task = self._waiting
+            self._waiting = None
+            self._sidecar._handlers.discard(task)
+        if reply:
+            self._write([reply])
+        if self._detached:  # refused meanwhile: nothing more to read
+            self._finish()
+        else:
+            self._handle_lines()
+
+    def _write(self, replies: list[bytes]) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
+        replies.clear()
+
+    def _too_long(self) -> None:
+        self._refuse(p.encode_error(None, p.LINE_TOO_LONG, "a request line is limited to "
+                                    f"{self._max_line} bytes; the connection closes (its "
+                                    "open batches too)"))
+
+    def _refuse(self, reply: bytes) -> None:
+        self._write([reply])
+        self._ended = True
+        self._detach()
+        if self._waiting is None:
+            self._finish()
+
+    def _finish(self) -> None:
+        """No more requests: close the connection's open batches, then the socket."""
+        if self._finished:
+            return
+        self._finished = True
+        self._detach()
+        sidecar = self._sidecar
+        try:
+            if sidecar._snapshot_holds:
+                from agent.sidecar._snapshot_ops import release_hold
+
+                release_hold(sidecar, sidecar._snapshot_holds, self.connection)
+            sidecar._close_batches(self.connection, "the client disconnected")
+        finally:
+            sidecar._connections.pop(self.connection, None)
+
+    def _detach(self) -> None:
+        """Give the buffered bytes back to the budget and close the socket."""
+        if self._detached:
+            return
+        self._detached = True
         budget = self._budget
         budget.readers.discard(self)
         budget.paused.discard(self)
-        left = self.buffered()
-        self._buffer.clear()  # type: ignore[attr-defined]
+        left = len(self._buffer)
+        self._buffer.clear()
         budget.release(left)
+        if self._transport is not None:
+            self._transport.close()
+
+    def close(self) -> None:
+        """Shutdown: read no more requests; close once the one waiting (if any) ends."""
+        self._ended = True
+        if self._waiting is None:
+            self._finish()
+        elif self._transport is not None:
+            self._transport.pause_reading()
 
 
 class SidecarSocketError(OSError):
@@ -200,8 +347,8 @@ class Sidecar(_Capture):
         self._shipper.put_wait = 0.0  # never block the loop; open waits for room instead
         self.grace_period = grace_period
         self.max_line = max_line
-        self._connections: dict[_Connection, asyncio.StreamWriter] = {}
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._connections: dict[_Connection, _Session] = {}
+        self._handlers: set[asyncio.Future[None]] = set()  # requests that wait
         self._snapshot_holds: set[int] = set()  # connections holding writers (baselines)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -238,9 +385,9 @@ class Sidecar(_Capture):
         self._batch_closed = asyncio.Event()
         _remove_stale_socket(path)
 
-        def connection_protocol() -> asyncio.StreamReaderProtocol:
-            reader = _Reader(self._budget, limit=self.max_line, loop=loop)
-            return asyncio.StreamReaderProtocol(reader, self._on_connection, loop=loop)
+        def connection_protocol() -> _Session:
+            self._next_connection += 1
+            return _Session(self, self._next_connection)
 
         listener = _bind(path, socket_mode)
         try:
@@ -279,8 +426,8 @@ class Sidecar(_Capture):
                 # Step 4.
                 for connection in list(self._connections):
                     self._close_batches(connection, "the sidecar is shutting down")
-                for writer in list(self._connections.values()):
-                    writer.close()
+                for session in list(self._connections.values()):
+                    session.close()
                 if self._handlers:
                     await asyncio.wait(set(self._handlers), timeout=self.grace_period + 5)
                 # Step 5.
@@ -330,89 +477,10 @@ class Sidecar(_Capture):
 
     # -- connections ---------------------------------------------------------------------
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        self._next_connection += 1
-        connection = _Connection(self._next_connection)
-        self._connections[connection] = writer
-        try:
-            await self._converse(connection, reader, writer)
-        except (ConnectionError, BrokenPipeError):
-            pass  # the client went away; its batches are closed below
-        finally:
-            if isinstance(reader, _Reader):
-                reader.detach()
-            try:
-                if self._snapshot_holds:
-                    from agent.sidecar._snapshot_ops import release_hold
-
-                    release_hold(self, self._snapshot_holds, connection)
-                self._close_batches(connection, "the client disconnected")
-            finally:
-                del self._connections[connection]
-                writer.close()
-                self._handlers.discard(task)
-
-    async def _converse(self, connection: _Connection, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> None:
-        budgeted = reader if isinstance(reader, _Reader) else None
-
-        def consumed(count: int) -> None:
-            if budgeted is not None:
-                budgeted.consumed(count)
-
-        held: list[bytes] = []  # replies not yet written (requests still buffered)
-
-        while True:
-            try:
-                line = await reader.readuntil(b"\n")
-                consumed(len(line))
-            except asyncio.IncompleteReadError as exc:
-                consumed(len(exc.partial))
-                if not exc.partial.strip():
-                    return  # end of stream
-                line = exc.partial  # a last request without its newline
-            except _OverBudget as exc:
-                writer.write(p.encode_error(
-                    None, p.MEMORY_LIMIT, f"the sidecar holds at most {self._budget.limit} "
-                    "bytes of unhandled requests over all connections, and this "
-                    f"connection's unfinished request ({exc.args[0]} bytes so far) was the "
-                    "largest when that was spent; the connection closes (its open batches "
-                    "too): send smaller requests (split events over several)"))
-                await writer.drain()
-                return
-            except asyncio.LimitOverrunError:
-                writer.write(p.encode_error(None, p.LINE_TOO_LONG,
-                                            f"a request line is limited to {self.max_line} "
-                                            "bytes; "
-                                            "the connection closes (its open batches too)"))
-                await writer.drain()
-                return
-            if not line.strip():
-                continue
-            reply = await self._answer(connection, line)
-            if writer.is_closing():
-                continue  # the client is gone: still take in every request it sent
-            if reply:  # empty: a protocol 2 success that needs no reply
-                held.append(reply)
-            if not held:
-                continue
-            if budgeted is not None and budgeted.has_request() and len(held) < _HOLD_REPLIES:
-                continue  # pipelined requests wait in the buffer: answer them together,
-                          # one write for a run of replies
-            reply = held[0] if len(held) == 1 else b"".join(held)
-            held.clear()
-            writer.write(reply)
-            try:
-                await writer.drain()
-            except ConnectionError:
-                continue  # idem
-
-    async def _answer(self, connection: _Connection, line: bytes) -> bytes:
-        """The reply line to one request line (errors become error replies)."""
+    def _answer(self, connection: _Connection,
+                line: bytes) -> bytes | Coroutine[object, object, bytes]:
+        """The reply line to one request line (errors become error replies), or, for a
+        request that must wait, a coroutine that returns it."""
         try:
             request = p.parse_request(line)
         except p.ProtocolError as exc:
@@ -422,25 +490,54 @@ class Sidecar(_Capture):
             return p.encode_error(None, p.INTERNAL, f"the sidecar failed to parse the "
                                   f"request: {exc!r}")
         try:
-            return await self._handle(connection, request)
-        except p.ProtocolError as exc:
-            return p.encode_error(request.id, exc.code, exc.message)
-        except AgentClosed as exc:
-            return p.encode_error(request.id, p.CLOSING, str(exc))
-        except QuiescenceTimeout as exc:
-            return p.encode_error(request.id, p.QUIESCENCE_TIMEOUT, str(exc))
-        except ShippingFailed as exc:
-            return p.encode_error(request.id, p.SHIPPING_FAILED, str(exc))
-        except ShippingBackpressure as exc:
-            return p.encode_error(request.id, p.BACKPRESSURE, str(exc))
-        except Exception as exc:  # a sidecar bug: answer it, keep the connection
-            log.exception("cdc.sidecar_internal_error", connection=connection.number)
-            return p.encode_error(request.id, p.INTERNAL, f"the sidecar failed: {exc!r}")
+            reply = self._handle(connection, request)
+        except Exception as exc:
+            return self._error_reply(connection, request.id, exc)
+        if type(reply) is bytes:
+            return reply
+        return self._answer_later(connection, request.id, reply)  # type: ignore[arg-type]
 
-    async def _handle(self, connection: _Connection, request: p.Request) -> bytes:
-        if type(request) is p.Health:
-            return self._health(request)
-        if type(request) is p.Hello:
+    async def _answer_later(self, connection: _Connection, request_id: p.RequestId,
+                            pending: Coroutine[object, object, bytes]) -> bytes:
+        try:
+            return await pending
+        except Exception as exc:
+            return self._error_reply(connection, request_id, exc)
+
+    def _error_reply(self, connection: _Connection, request_id: p.RequestId,
+                     exc: Exception) -> bytes:
+        """The failure reply for ``exc``, raised handling a request."""
+        if isinstance(exc, p.ProtocolError):
+            return p.encode_error(request_id, exc.code, exc.message)
+        for kind, code in ((AgentClosed, p.CLOSING), (QuiescenceTimeout, p.QUIESCENCE_TIMEOUT),
+                           (ShippingFailed, p.SHIPPING_FAILED),
+                           (ShippingBackpressure, p.BACKPRESSURE)):
+            if isinstance(exc, kind):
+                return p.encode_error(request_id, code, str(exc))
+        # A sidecar bug: answer it, keep the connection.
+        log.error("cdc.sidecar_internal_error", connection=connection.number,
+                  exc_info=exc)
+        return p.encode_error(request_id, p.INTERNAL, f"the sidecar failed: {exc!r}")
+
+    def _handle(self, connection: _Connection,
+                request: p.Request) -> bytes | Coroutine[object, object, bytes]:
+        """The reply to ``request``, or a coroutine returning it if it must wait."""
+        kind = type(request)
+        if kind is p.Events or kind is p.Close:
+            if not connection.greeted:
+                raise self._hello_required()
+            return self._report(connection, request)  # type: ignore[arg-type]
+        if kind is p.Open:
+            if not connection.greeted:
+                raise self._hello_required()
+            batch = self._try_open()
+            if batch is None:  # held back (forced quiescence, a baseline, a full queue)
+                return self._open_later(connection, request.id)
+            return self._opened(connection, request.id, batch)
+        if kind is p.Health:
+            return self._health(request)  # type: ignore[arg-type]
+        if kind is p.Hello:
+            assert isinstance(request, p.Hello)
             if request.protocol not in p.SUPPORTED_PROTOCOLS:
                 raise p.ProtocolError(p.UNSUPPORTED_PROTOCOL,
                                       f"protocol {request.protocol} is not supported; this "
@@ -453,41 +550,75 @@ class Sidecar(_Capture):
             return p.encode_reply(request.id, protocol=request.protocol,
                                   domain_id=f"{self.domain_id:016x}", server="cdc-agent")
         if not connection.greeted:
-            raise p.ProtocolError(p.HELLO_REQUIRED, "send {\"op\": \"hello\", \"protocol\": "
-                                  f"{p.PROTOCOL_VERSION}}} first")
-        if type(request) is p.Ping:
+            raise self._hello_required()
+        if kind is p.Ping:
             return p.encode_reply(request.id)
-        if type(request) is p.Open:
-            batch = await self._aopen()
-            name = f"{batch.ticket.batch_id:016x}"
-            connection.batches[name] = batch
-            return p.encode_reply(request.id, batch=name)
-        if type(request) is p.Events or type(request) is p.Close:
-            target = connection.batches.get(request.batch)
-            if target is None:
-                raise p.ProtocolError(p.UNKNOWN_BATCH, f"batch {request.batch!r} is not open "
-                                      "on this connection (closed already, or opened on "
-                                      "another one?)")
-            for event in request.events:
-                self._record(target, event)
-            count = target.seq_start + len(target.events)
-            if type(request) is p.Close:
-                del connection.batches[request.batch]
-                self._close_batch(target)
-                durable = connection.durable if request.durable is None else request.durable
-                if durable:  # answer once the batch's records are durable in the sink
-                    await self._durable()
-                    return p.encode_reply(request.id, events=count, durable=True)
-            if connection.quiet:
-                return b""  # protocol 2: success needs no reply
-            return p.encode_reply(request.id, events=count)
-        if not isinstance(request, p.Flush):  # a baseline: agent.sidecar._snapshot_ops
-            from agent.sidecar._snapshot_ops import handle_snapshot
+        if kind is p.Flush:
+            return self._flushed(request.id)
+        from agent.sidecar._snapshot_ops import handle_snapshot  # a baseline's request
 
-            return await handle_snapshot(self, self._snapshot_holds, connection,
-                                         request)  # type: ignore[arg-type]
+        return handle_snapshot(self, self._snapshot_holds, connection,
+                               request)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _hello_required() -> p.ProtocolError:
+        return p.ProtocolError(p.HELLO_REQUIRED, "send {\"op\": \"hello\", \"protocol\": "
+                               f"{p.PROTOCOL_VERSION}}} first")
+
+    def _try_open(self) -> _Batch | None:
+        """A new batch if one may open now, else ``None`` (``_aopen`` waits for it)."""
+        self._check_shipping()
+        if not self._shipper.has_room():
+            return None
+        with self._cond:
+            self._check_open()
+            ticket = (None if self._hold
+                      else self._sequencer.open_batch(self._next_id(), self._clock_ns()))
+            if ticket is None:
+                return None
+            self.stats["batches"] += 1
+        return _Batch(ticket)
+
+    async def _open_later(self, connection: _Connection, request_id: p.RequestId) -> bytes:
+        return self._opened(connection, request_id, await self._aopen())
+
+    @staticmethod
+    def _opened(connection: _Connection, request_id: p.RequestId, batch: _Batch) -> bytes:
+        name = f"{batch.ticket.batch_id:016x}"
+        connection.batches[name] = batch
+        return p.encode_reply(request_id, batch=name)
+
+    def _report(self, connection: _Connection,
+                request: p.Events | p.Close) -> bytes | Coroutine[object, object, bytes]:
+        target = connection.batches.get(request.batch)
+        if target is None:
+            raise p.ProtocolError(p.UNKNOWN_BATCH, f"batch {request.batch!r} is not open "
+                                  "on this connection (closed already, or opened on "
+                                  "another one?)")
+        events = target.events
+        for event in request.events:  # Agent._record, inlined: the hot path
+            events.append(event)
+            if len(events) == SEGMENT_EVENTS:
+                self._ship_segment(target)
+                events = target.events
+        count = target.seq_start + len(target.events)
+        if type(request) is p.Close:
+            del connection.batches[request.batch]
+            self._close_batch(target)
+            durable = connection.durable if request.durable is None else request.durable
+            if durable:  # answer once the batch's records are durable in the sink
+                return self._durably_closed(request.id, count)
+        if connection.quiet:
+            return b""  # protocol 2: success needs no reply
+        return p.encode_reply(request.id, events=count)
+
+    async def _durably_closed(self, request_id: p.RequestId, count: int) -> bytes:
         await self._durable()
-        return p.encode_reply(request.id)
+        return p.encode_reply(request_id, events=count, durable=True)
+
+    async def _flushed(self, request_id: p.RequestId) -> bytes:
+        await self._durable()
+        return p.encode_reply(request_id)
 
     def health_problem(self) -> str | None:
         """Why the sidecar cannot capture now, or ``None`` when it can."""

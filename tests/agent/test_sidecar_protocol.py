@@ -6,7 +6,7 @@ import json
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agent.sidecar import _protocol as p
@@ -165,3 +165,46 @@ def test_request_bytes_decode_exactly_as_json_loads_would(line: bytes) -> None:
     except p.ProtocolError as exc:
         code = exc.code
     assert (code == p.BAD_JSON) == (not _as_json_loads_sees_it(line))
+
+
+EDGES = st.sampled_from([1 << 63, -(1 << 63) - 1, (1 << 63) - 1, "\ud800", "x\udfff", "é"])
+JSONISH = (st.none() | st.booleans() | st.integers(-(1 << 64), 1 << 64) | st.text() | EDGES
+           | st.floats(allow_nan=False, allow_infinity=False)
+           | st.dictionaries(st.sampled_from(["int", "f64", "b64", "absent"]),
+                             st.text(max_size=20) | st.booleans(), max_size=2))
+EVENTISH = st.lists(NAMES | st.text(max_size=5) | JSONISH, min_size=4, max_size=6) | st.tuples(
+    NAMES | st.sampled_from(["9x", "", "a-b"]), ROWS | JSONISH, NAMES, EDGES | JSONISH,
+    EDGES | JSONISH).map(list)
+
+
+@given(EVENTISH, st.booleans())
+@example(["t", 1, "c", 1 << 63, 1], True)
+@example(["t", 1, "c", None, "\ud800"], True)
+@example(["t", 1 << 63, "c", None, 1], True)
+@example(["t", "\udc00", "c", None, 1], True)
+def test_the_fast_event_path_agrees_with_the_full_checks(raw: list[object],
+                                                         seen: bool) -> None:
+    """The fast path for common events returns what the full checks return, and lets
+    nothing through that they refuse (names seen before or not)."""
+    if seen:  # names the full checks accepted once take the fast path
+        for name in raw[:1] + raw[2:3]:
+            if isinstance(name, str):
+                try:
+                    p._decode_event_checked(0, [name, 1, "c", None, 1])
+                    p._decode_event_checked(0, ["t", 1, name, None, 1])
+                except p.ProtocolError:
+                    pass
+    try:
+        expected: object = p._decode_event_checked(0, raw)
+    except p.ProtocolError as exc:
+        expected = exc.code
+    try:
+        got: object = p._decode_event(0, raw)
+    except p.ProtocolError as exc:
+        got = exc.code
+    assert type(got) is type(expected)
+    if isinstance(got, tuple):
+        assert [type(x) for x in got] == [type(x) for x in expected]  # type: ignore[attr-defined]
+        assert got == expected
+    else:
+        assert got == expected

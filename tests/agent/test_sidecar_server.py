@@ -438,11 +438,11 @@ def test_requests_sent_just_before_a_crash_are_not_lost(folder: Path) -> None:
     entered, release = threading.Event(), threading.Event()
     answer = served.sidecar._answer
 
-    async def blocking(connection: Any, line: bytes) -> bytes:
+    def blocking(connection: Any, line: bytes) -> Any:
         if b'"block"' in line:  # hold the sidecar's loop while the client dies
             entered.set()
             release.wait(30)
-        return await answer(connection, line)
+        return answer(connection, line)
 
     served.sidecar._answer = blocking  # type: ignore[method-assign]
     victim, blocker = Raw(folder / "s"), Raw(folder / "s")
@@ -579,3 +579,30 @@ def test_protocol_2_failures_reach_the_client_and_old_sidecars_still_serve_it(
     older.stop()
     assert older.check_against_store() >= 1
     assert len(older.sink.events) == 2
+
+
+def test_a_request_that_waits_holds_its_connection_s_later_requests_behind_it(
+        folder: Path) -> None:
+    """An open held back (here by a baseline's hold) runs on its own; the requests the
+    client pipelined after it wait behind it, so replies keep the request order, while
+    other connections are answered meanwhile."""
+    served = Served(folder / "s")
+    held, other = Raw(folder / "s"), Raw(folder / "s")
+    served.sidecar._begin_hold()
+    try:
+        held.send({"op": "open", "id": 1})
+        held.send({"op": "ping", "id": 2})
+        assert other.call({"op": "ping", "id": 3})["id"] == 3  # the loop is not blocked
+        held.sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            held.sock.recv(1, socket.MSG_PEEK)  # neither the open nor the ping answered
+        held.sock.settimeout(30)
+    finally:
+        served.sidecar._end_hold()
+    opened = held.reply()
+    assert opened["id"] == 1 and opened["ok"], opened
+    assert held.reply()["id"] == 2
+    assert held.call({"op": "close", "batch": opened["batch"]})["ok"]
+    held.close()
+    other.close()
+    served.stop()
