@@ -27,12 +27,13 @@ from typing import Final, Literal
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
+from replay.spark._cells import CELL_ROWS, KIND_CELL, KIND_COUNT, KIND_RESET, walk_cells
 from replay.spark._decode import (
     EVENT_ROWS,
     FRAGMENTS,
@@ -257,25 +258,24 @@ class LogReplay:
         return table_frame(self.spark, _EXPECTED, cols)
 
     @cached_property
-    def _deduped(self) -> DataFrame:
-        """Events of complete intervals, once each, clustered by cell."""
-        e = self._rows.filter((F.col("kind") == KIND_EVENT) & F.col("q").isNotNull())
-        return e.repartition(*CELL).dropDuplicates([*CELL, *_IDENTITY])
+    def _complete(self) -> DataFrame:
+        """Events of complete intervals (duplicates included: the cell walk drops them)."""
+        return self._rows.filter((F.col("kind") == KIND_EVENT) & F.col("q").isNotNull())
 
     @cached_property
     def _segments(self) -> DataFrame:
         s = self._rows.filter((F.col("kind") == KIND_SEGMENT) & F.col("q").isNotNull())
-        return s.groupBy(*_IDENTITY).agg(
+        return self._persist(s.groupBy(*_IDENTITY).agg(
             F.first("epoch").alias("epoch"), F.first("q").alias("q"),
             F.min("digest").alias("digest"), F.max("digest").alias("other"),
-            *(F.first(c).alias(c) for c in _LANES))
+            *(F.first(c).alias(c) for c in _LANES)))
 
     @cached_property
     def report(self) -> DataFrame:
         """One row per epoch of a complete interval: what its record says, what the log
         holds (events, per table, setsum), and whether they agree."""
-        per_table = self._deduped.groupBy("domain", "epoch", "table").agg(
-            F.count("*").alias("events"))
+        per_table = self._walked.filter(F.col("kind") == KIND_COUNT).groupBy(
+            "domain", "epoch", "table").agg(F.sum("events").alias("events"))
         found = per_table.groupBy("domain", "epoch").agg(
             F.sum("events").alias("events"),
             F.array_sort(F.collect_list(F.struct("table", "events"))).alias("tables"))
@@ -306,7 +306,7 @@ class LogReplay:
             return None
         listed = (self._rows.filter(F.col("kind") == KIND_BASELINE)
                   .select("domain", F.col("q"), *CELL, F.col("new").alias("reset")))
-        cells = (self._deduped.select("domain", *CELL)
+        cells = (self._complete.select("domain", *CELL)
                  .unionByName(self._rows.filter(F.col("kind") == KIND_BASELINE)
                               .select("domain", *CELL)).distinct())
         rows = cells.select("domain", "table", "row").distinct()
@@ -320,60 +320,36 @@ class LogReplay:
         return resets.join(first, ["domain", *CELL], "left")
 
     @cached_property
-    def _cells(self) -> DataFrame:
-        """Per (cell, interval): the Z-set's net, checked against the value held, then
-        the baseline chunk placed at that point (if any) replacing the value."""
-        d = self._deduped
-        z = d.select("domain", "q", "epoch", *CELL, F.explode(F.array(
-            F.struct(F.col("new").alias("v"), F.lit(1).alias("w")),
-            F.struct(F.col("old").alias("v"), F.lit(-1).alias("w")))).alias("z"))
-        per_value = z.groupBy("domain", "q", *CELL, F.col("z.v").alias("v")).agg(
-            F.sum("z.w").alias("net"),
-            F.sum(F.when(F.col("z.w") < 0, 1).otherwise(0)).alias("olds"),
-            F.min("epoch").alias("epoch"))
-        group = per_value.groupBy("domain", "q", *CELL).agg(
-            F.count(F.when(F.col("net") != 0, 1)).alias("nz"),
-            F.sum(F.abs("net")).alias("absn"),
-            F.max(F.when(F.col("net") > 0, F.col("v"))).alias("after"),
-            F.max(F.when(F.col("net") < 0, F.col("v"))).alias("initial"),
-            F.collect_list(F.when(F.col("olds") > 0, F.col("v"))).alias("replaced"),
-            F.min("epoch").alias("epoch"))
+    def _walked(self) -> DataFrame:
+        """Each cell's events (and baseline resets) in one shuffle by cell, sorted by
+        interval, walked in the executors (``_cells.walk_cells``): per (cell, interval)
+        the checked net, and the kept events per (domain, epoch, table)."""
+        nothing = {"binary": F.lit(None).cast("binary"), "bigint": F.lit(None).cast("bigint")}
+        rows = self._complete.select(
+            F.lit(KIND_EVENT).alias("kind"), "domain", "q", "epoch", *CELL, "batch", "seq",
+            "old", "new", nothing["binary"].alias("reset"), nothing["bigint"].alias("fq"))
         resets = self._resets
-        if resets is None:
-            group = group.select("*", F.lit(None).cast("binary").alias("reset"),
-                                 F.lit(None).cast("bigint").alias("fq"))
-        else:
-            # A point with a chunk but no events of the cell is a group of its own.
-            group = group.join(resets, ["domain", "q", *CELL], "full_outer").withColumn(
-                "epoch", F.coalesce("epoch", "q"))
-            fq = F.max("fq").over(Window.partitionBy("domain", *CELL))
-            group = group.withColumn("fq", fq)
-        events = F.col("nz").isNotNull()
-        moved = (F.col("nz") == 2) & (F.col("absn") == 2)  # +final -initial
-        final = F.coalesce(F.col("reset"), F.when(moved, F.col("after")))
-        cell = Window.partitionBy(*CELL)
-        before = cell.orderBy("q").rowsBetween(Window.unboundedPreceding, -1)
-        held = F.coalesce(F.last("final", ignorenulls=True).over(before), absent())
-        why = (F.when(~events, F.lit(None))
-               .when((F.col("nz") != 0) & ~moved,
-                     F.lit("its events do not chain from the value held to one final value "
-                           "(an event is missing or altered)"))
-               .when(moved & (F.col("initial") != F.col("held")),
-                     F.lit("its first event did not replace the value the cell held"))
-               .when((F.col("nz") == 0) & ~F.array_contains("replaced", F.col("held")),
-                     F.lit("its events never replaced the value held"))
-               .when(F.min("domain").over(cell) != F.max("domain").over(cell),
-                     F.lit("the cell is written by two domains; replay.spark needs each "
-                           "cell owned by one domain")))
-        forgiven = F.coalesce(F.col("q") <= F.col("fq"), F.lit(False))
-        checked = (group.withColumn("final", final).withColumn("held", held)
-                   .withColumn("changed", F.coalesce(F.col("final") != F.col("held"),
-                                                     F.lit(False)))
-                   .withColumn("why", why)
-                   .select("domain", "q", "epoch", *CELL, "changed",
-                           F.col("held").alias("before"), F.col("final").alias("after"),
-                           "why", forgiven.alias("forgiven")))
-        return self._persist(checked)
+        if resets is not None:
+            rows = rows.unionByName(resets.select(
+                F.lit(KIND_RESET).alias("kind"), "domain", "q",
+                nothing["bigint"].alias("epoch"), *CELL, nothing["bigint"].alias("batch"),
+                nothing["bigint"].alias("seq"), nothing["binary"].alias("old"),
+                nothing["binary"].alias("new"), "reset", "fq"))
+        ordered = rows.repartition(*CELL).sortWithinPartitions(
+            *CELL, "q", "domain", "batch", "seq")  # resets (null batch) first
+        return self._persist(ordered.mapInArrow(walk_cells, spark_schema(CELL_ROWS)))
+
+    @cached_property
+    def _cells(self) -> DataFrame:
+        """Per (cell, interval): the Z-set's net (+new, -old) of its events, checked
+        against the value held, then the baseline chunk placed at that point (if any)
+        replacing the value. The net must be nothing or exactly +final -initial, with
+        ``initial`` the value held (the last final before; ABSENT at the start); a net
+        of nothing must have replaced the value held; a cell belongs to one domain.
+        ``why`` names what failed; ``forgiven``: at or before the cell's chunk of its
+        domain's first baseline."""
+        return self._walked.filter(F.col("kind") == KIND_CELL).select(
+            "domain", "q", "epoch", *CELL, "changed", "before", "after", "why", "forgiven")
 
     @cached_property
     def _failures(self) -> dict[int, list[_Failure]]:
