@@ -21,7 +21,6 @@ Ids are unsigned 64-bit; Spark has no such type, so they travel as int64 *bit vi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,8 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.spark._baselines import chunk_header
+from replay.spark._source import fragment_records
 from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode, segment_digests
-from sinks.wal3 import Fragment, LogReader
+from sinks.wal3 import LogReader
 
 __all__ = [
     "EVENT_ROWS",
@@ -118,9 +118,9 @@ def _fragments(batches: Iterable[pa.RecordBatch], reader: LogReader
                ) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
     for batch in batches:
         for text in batch.column("fragment").to_pylist():
-            fragment = Fragment.from_obj(json.loads(text))
-            records = reader.fetch(fragment)
-            yield fragment.path, [(r.offset, r.body) for r in records]
+            # a fragment, the part of one from an offset, or a checkpoint's carried
+            # records (``_source.list_fragments``)
+            yield text, fragment_records(text, reader)
 
 
 def metadata_rows(uri: str, prefix: str, endpoint_url: str | None

@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
+from replay.spark._checkpoint import Compacted
 from replay.spark._decode import (
     EVENT_ROWS,
     FRAGMENTS,
@@ -128,6 +129,7 @@ class LogReplay:
         self._progress = progress
         self._persisted: list[DataFrame] = []
         self._markers: MarkerOffsets = {}
+        self._compacted: Compacted | None = None
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
             self.source = open_topic(uri, encoding)
@@ -138,6 +140,11 @@ class LogReplay:
             raise ValueError(f"encoding={encoding!r} is for Kafka topics; {uri!r} is a "
                              "wal3 log")
         self.source = list_fragments(uri, prefix, endpoint_url)
+        if self.source.deltas:  # a collected log: start from its checkpoint (_checkpoint)
+            self._compacted = Compacted(self.source.deltas)
+            self._say(f"collected log: starting from its checkpoint and "
+                      f"{len(self.source.deltas) - 1} stripe(s), records from offset "
+                      f"{self.source.begin}")
         self._say(f"manifest lists {len(self.source.fragments)} fragments "
                   f"(records up to offset {self.source.next_offset})")
 
@@ -172,7 +179,9 @@ class LogReplay:
             records, chunks = decode_metadata(
                 (int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
                  r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"])))
-        table = build_epoch_table(records)
+        c = self._compacted
+        table = (build_epoch_table(records) if c is None
+                 else build_epoch_table(records, c.starts(), c.retained()))
         baselines = build_baselines(chunks, table.intervals)
         self._say(f"{sum(map(len, table.epochs.values()))} epochs in "
                   f"{len(table.epochs)} domain(s), "
@@ -302,8 +311,10 @@ class LogReplay:
         chunk covers the cell's row without listing it); ``fq``: the point of the cell's
         chunk in its domain's first baseline (its events up to there are forgiven a
         broken chain: the store held values before the agent). None: no baselines."""
+        state = None if self._compacted is None else self._compacted.resets(
+            self.spark, self._deduped.select("domain", *CELL).distinct())
         if not self.baselines:
-            return None
+            return state
         listed = (self._rows.filter(F.col("kind") == KIND_BASELINE)
                   .select("domain", F.col("q"), *CELL, F.col("new").alias("reset")))
         cells = (self._deduped.select("domain", *CELL)
@@ -317,7 +328,8 @@ class LogReplay:
             F.max("reset").alias("reset"))  # a listed value beats the implied ABSENT
         first = (covers.filter("first").join(cells, ["domain", "table", "row"])
                  .select("domain", *CELL, F.col("cq").alias("fq")))
-        return resets.join(first, ["domain", *CELL], "left")
+        resets = resets.join(first, ["domain", *CELL], "left")
+        return resets if state is None else resets.unionByName(state)
 
     @cached_property
     def _cells(self) -> DataFrame:
@@ -501,6 +513,8 @@ class LogReplay:
             if p.domain_id not in self.epochs.epochs:
                 raise ValueError(f"position {p} names domain {p.domain_id:016x}, which this "
                                  f"log does not hold")
+            if self._compacted is not None:
+                self._compacted.check_point(p)
             last[p.domain_id] = self.epochs.position(p.domain_id, p.epoch_seq)
         return Frontier.of(last.values())
 
@@ -601,6 +615,8 @@ class LogReplay:
             raise ValueError(f"style {style!r}: use 'before_after' or 'delta'")
         until = self.frontier(end, fill=not exact)
         since = _frontier(start)
+        if since is not None and self._compacted is not None:
+            self.frontier(since, fill=False)  # refuse a point compacted away
         self._check_whole(until)
         if since is not None:
             self._check_whole(Frontier.of(
