@@ -49,14 +49,19 @@ from replay.spark._errors import executor_errors
 from replay.spark._frames import CELL, absent, as_unsigned, spark_schema, table_frame
 from replay.spark._kafka import (
     KAFKA_SCHEME,
+    SHARES,
     KafkaTopic,
     MarkerOffsets,
     kafka_metadata,
     kafka_rows,
     open_topic,
+    share_columns,
+    share_failures,
     vouched_epochs,
+    vouched_shares,
 )
 from replay.spark._source import LogSource, list_fragments
+from sequencer import EpochRecord
 from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
 
@@ -130,6 +135,7 @@ class LogReplay:
         self._persisted: list[DataFrame] = []
         self._markers: MarkerOffsets = {}
         self._compacted: Compacted | None = None
+        self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
             self.source = open_topic(uri, encoding)
@@ -171,6 +177,7 @@ class LogReplay:
             with executor_errors():
                 markers, chunks = kafka_metadata(self.spark, s)
             records, self._markers = vouched_epochs(markers, s.partitions)
+            self._shares = vouched_shares(markers, records)
         else:
             with executor_errors():
                 rows = self._fragments.mapInArrow(
@@ -388,6 +395,19 @@ class LogReplay:
         return self._persist(checked)
 
     @cached_property
+    def _share_failures(self) -> DataFrame:
+        """A topic's partition shares of verified epochs that differ from their marker."""
+        qs = {}
+        for domain_id, index in self.epochs.index().domains.items():
+            qs.update({(domain_id, int(e)): int(q) for e, q in zip(
+                index.seqs.tolist(), index.q.tolist(), strict=True)})
+        shares = [p for p in self._shares
+                  if qs.get((p.domain_id, p.epoch_seq), -1) >= 0 and p.stream is not None]
+        expected = table_frame(self.spark, SHARES, share_columns(
+            shares, lambda d, e: qs[(d, e)]))
+        return share_failures(self._rows.filter(F.col("kind") == KIND_EVENT), expected)
+
+    @cached_property
     def _failures(self) -> dict[int, list[_Failure]]:
         """The first failure of each domain (by interval) that a baseline forgives and
         the first that it does not, found in one Spark job."""
@@ -412,6 +432,8 @@ class LogReplay:
             "domain", "epoch", "q", F.lit(
                 "two different copies of one segment (batch, seq) were delivered: an "
                 "event was altered").alias("message"))
+        if isinstance(self.source, KafkaTopic):  # each partition's share, as Python does
+            segment_bad = segment_bad.unionByName(self._share_failures)
         no_cell = [F.lit(None).cast("string").alias("table"),
                    F.lit(None).cast("binary").alias("row"),
                    F.lit(None).cast("string").alias("column")]
