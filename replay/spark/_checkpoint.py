@@ -39,7 +39,7 @@ from sequencer import EpochRecord
 from sinks.wal3 import StateDelta
 from sinks.wal3._state import split_key
 
-__all__ = ["Compacted"]
+__all__ = ["Compacted", "Resumed"]
 
 _ROWS: Final = pa.schema([
     pa.field("k", pa.int64()), pa.field("row_domain", pa.int64()),
@@ -155,4 +155,40 @@ class Compacted:
             "k", F.coalesce("row_domain", "owner", "fallback").alias("domain"), *CELL, "reset")
         return placed.join(F.broadcast(table_frame(spark, _POINTS, points)),
                            ["k", "domain"]).select(
+            "domain", "q", *CELL, "reset", F.lit(None).cast("bigint").alias("fq"))
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A stream's micro-batch resumed where its previous one saved (``_stream``): the
+    cells at ``frontier`` (a Parquet table at ``cells``: ``_domain``, cell, ``value``)
+    and the log's records from offset ``begin`` on (every record of an interval after
+    the frontier is there; earlier events there are late copies, not placed)."""
+
+    frontier: dict[int, Position]
+    begin: int
+    cells: str
+
+    def starts(self) -> dict[int, Position]:
+        return self.frontier
+
+    def retained(self) -> dict[int, list[EpochRecord]]:
+        return {d: [EpochRecord(d, p.epoch_seq, p.end_id, p.end_id, 0, True)]
+                for d, p in self.frontier.items()}
+
+    def check_point(self, p: Position) -> None:
+        start = self.frontier.get(p.domain_id)
+        if start is not None and p.epoch_seq < start.epoch_seq:
+            raise ValueError(
+                f"quiescence point {p.epoch_seq} of domain {p.domain_id:016x} comes before "
+                f"{start}, where this replay resumed: open the log without resuming")
+
+    def resets(self, spark: SparkSession, owners: DataFrame) -> DataFrame:
+        points: dict[str, list[object]] = {"k": [], "domain": [], "q": []}
+        for d, p in self.frontier.items():
+            for name, value in (("k", 0), ("domain", _signed(d)), ("q", p.epoch_seq)):
+                points[name].append(value)
+        cells = spark.read.parquet(self.cells).select(
+            F.col("_domain").alias("domain"), *CELL, F.col("value").alias("reset"))
+        return cells.join(F.broadcast(table_frame(spark, _POINTS, points)), "domain").select(
             "domain", "q", *CELL, "reset", F.lit(None).cast("bigint").alias("fq"))

@@ -87,11 +87,15 @@ class DomainEpochs:
     ends: np.ndarray  # uint64, strictly increasing
     seqs: np.ndarray  # int64
     q: np.ndarray  # int64
+    floor: int = 0  # ids below were applied before (a collected log, a resumed stream)
 
     def locate(self, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each batch id's epoch and interval (-1 where it is past the known epochs)."""
+        """Each batch id's epoch and interval (-1 where it is past the known epochs, or
+        below ``floor``: a late copy of an event applied before)."""
         index = np.searchsorted(self.ends, batch_ids, side="right")
         inside = index < len(self.ends)
+        if self.floor:
+            inside &= batch_ids >= np.uint64(self.floor)
         safe = np.where(inside, index, 0)
         epoch = np.where(inside, self.seqs[safe] if len(self.seqs) else -1, -1)
         q = np.where(inside, self.q[safe] if len(self.q) else -1, -1)

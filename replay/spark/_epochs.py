@@ -10,7 +10,7 @@ each event (``_decode.EpochIndex``) and becomes small DataFrames the checks join
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,10 +31,12 @@ class UnsupportedRecord(ValueError):
 
 @dataclass(frozen=True)
 class EpochTable:
-    """Each domain's verified prefix of epochs (seq 1.., tiling from id 0)."""
+    """Each domain's verified prefix of epochs (seq 1.., tiling from id 0; on a collected
+    log or a resumed stream, from the start point's seq and end id: ``floors``)."""
 
     epochs: dict[int, list[EpochRecord]]  # domain -> its epochs 1..k, in order
     intervals: dict[int, list[EpochRecord]]  # domain -> its quiescence points, in order
+    floors: dict[int, int] = field(default_factory=dict)  # domain -> its first id read
 
     def index(self, chunks: frozenset[tuple[int, int, int]] = frozenset()) -> EpochIndex:
         domains = {}
@@ -47,7 +49,8 @@ class EpochTable:
                 q[i] = closing
             domains[domain_id] = DomainEpochs(
                 np.array([r.end_id for r in epochs], dtype=np.uint64),
-                np.array([r.epoch_seq for r in epochs], dtype=np.int64), q)
+                np.array([r.epoch_seq for r in epochs], dtype=np.int64), q,
+                self.floors.get(domain_id, 0))
         return EpochIndex(domains, chunks)
 
     def position(self, domain_id: int, epoch_seq: int) -> Position:
@@ -64,10 +67,12 @@ class EpochTable:
                 for d, points in sorted(self.intervals.items()) if points]
 
 
-def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]]
+def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]],
+                    offsets: dict[tuple[int, int], int] | None = None
                     ) -> tuple[list[EpochRecord], list[ChunkHeader]]:
     """Decode pass 1's bodies and chunk headers; refuse a record kind this reader does
-    not handle."""
+    not handle. ``offsets`` gets the offset of each quiescence point's first record
+    ((domain, epoch) -> offset: where a stream resumes, ``_stream``)."""
     records = []
     chunks = []
     for offset, body, chunk in rows:
@@ -89,6 +94,8 @@ def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]]
                     "replay.spark handles events, epoch records and snapshot chunks only "
                     "(checkpoints are not supported yet)")
             records.append(record)
+            if offsets is not None and record.quiescent:
+                offsets.setdefault((record.domain_id, record.epoch_seq), offset)
     return records, chunks
 
 
@@ -137,4 +144,4 @@ def build_epoch_table(records: Iterable[EpochRecord],
         epochs[domain_id] = prefix
         intervals[domain_id] = [*(retained or {}).get(domain_id, []),
                                 *(r for r in prefix if r.quiescent)]
-    return EpochTable(epochs, intervals)
+    return EpochTable(epochs, intervals, {d: p.end_id for d, p in starts.items()})

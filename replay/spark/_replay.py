@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
-from replay.spark._checkpoint import Compacted
+from replay.spark._checkpoint import Compacted, Resumed
 from replay.spark._decode import (
     EVENT_ROWS,
     FRAGMENTS,
@@ -121,6 +121,9 @@ class LogReplay:
     written by ``KafkaSink`` (``kafka://host:port/topic``, in ``encoding`` ``native``
     or ``debezium``; read up to where its partitions ended when it was opened).
 
+    ``resume``: start from a point a stream's previous micro-batch saved (its cells and
+    the records from an offset, ``_stream``) instead of the log's start.
+
     Reading happens on first use and is cached in the session (``unpersist()`` frees
     it). The module functions ``events``, ``verify``, ``snapshot`` and ``changesets``
     open one of these; open it yourself to ask several questions of one log.
@@ -128,13 +131,15 @@ class LogReplay:
 
     def __init__(self, spark: SparkSession, uri: str, *, prefix: str = "",
                  endpoint_url: str | None = None, progress: Progress = None,
-                 encoding: str = "native") -> None:
+                 encoding: str = "native", resume: Resumed | None = None) -> None:
         self.spark = spark
         self.uri = uri
         self._progress = progress
         self._persisted: list[DataFrame] = []
         self._markers: MarkerOffsets = {}
-        self._compacted: Compacted | None = None
+        self._compacted: Compacted | Resumed | None = None
+        # (domain, epoch) -> offset of each quiescence point's record (pass 1; _stream)
+        self.quiescent_offsets: dict[tuple[int, int], int] = {}
         self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
@@ -145,7 +150,11 @@ class LogReplay:
         if encoding != "native":
             raise ValueError(f"encoding={encoding!r} is for Kafka topics; {uri!r} is a "
                              "wal3 log")
-        self.source = list_fragments(uri, prefix, endpoint_url)
+        if resume is not None:  # a stream's micro-batch, where the previous one saved
+            self.source = list_fragments(uri, prefix, endpoint_url, begin=resume.begin)
+            self._compacted = resume
+        else:
+            self.source = list_fragments(uri, prefix, endpoint_url)
         if self.source.deltas:  # a collected log: start from its checkpoint (_checkpoint)
             self._compacted = Compacted(self.source.deltas)
             self._say(f"collected log: starting from its checkpoint and "
@@ -184,8 +193,9 @@ class LogReplay:
                     metadata_rows(s.uri, s.prefix, s.endpoint_url),
                     spark_schema(METADATA_ROWS)).collect()
             records, chunks = decode_metadata(
-                (int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
-                 r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"])))
+                ((int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
+                  r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"]))),
+                self.quiescent_offsets)
         c = self._compacted
         table = (build_epoch_table(records) if c is None
                  else build_epoch_table(records, c.starts(), c.retained()))
@@ -565,7 +575,8 @@ class LogReplay:
                     break
                 if failure.forgiven and whole is not None and 0 <= whole <= limit:
                     continue
-                behind = len(self.epochs.epochs[d]) - failure.epoch_seq
+                known = self.epochs.epochs[d]
+                behind = (known[-1].epoch_seq if known else 0) - failure.epoch_seq
                 if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
                     raise failure.error()
                 limit = max((q for q in points if q < failure.q), default=None)

@@ -42,14 +42,20 @@ class LogSource:
         return LogReader(self.uri, self.prefix, endpoint_url=self.endpoint_url)
 
 
-def list_fragments(uri: str, prefix: str = "", endpoint_url: str | None = None) -> LogSource:
+def list_fragments(uri: str, prefix: str = "", endpoint_url: str | None = None, *,
+                   begin: int | None = None) -> LogSource:
     """Read the manifest of the log at ``uri`` (``file:///dir``, ``s3://bucket/prefix``)
     and name every fragment it lists, walking its snapshots; on a log collected below
     its checkpoint, load the checkpoint and stripes (each checked against its SHA-256
     name and index entry, the state setsum carried along the chain) and name the
-    fragments from the newest retained point on."""
+    fragments from the newest retained point on. ``begin``: only the records from that
+    offset on (a stream resuming where its previous micro-batch saved, ``_stream``)."""
     reader = LogReader(uri, prefix, endpoint_url=endpoint_url)
     manifest = reader.manifest()
+    if begin is not None:
+        return LogSource(uri, prefix, endpoint_url, tuple(
+            _from(f, begin) for f in reader.scan(begin, manifest=manifest)),
+            manifest.next_offset, (), begin)
     index = load_state_index(reader.store, manifest)
     if index is None or manifest.oldest_offset <= index.entries[0].lo:
         # Nothing collected below the checkpoint: the raw records are all there (as
@@ -64,12 +70,16 @@ def list_fragments(uri: str, prefix: str = "", endpoint_url: str | None = None) 
     if carried:  # offsets just below `begin`, in order: the records stand there
         texts.append(json.dumps({"carried": [
             [begin - len(carried) + i, body.hex()] for i, body in enumerate(carried)]}))
-    for fragment in reader.scan(begin, manifest=manifest):
-        obj = json.loads(fragment.to_json())
-        texts.append(json.dumps({"from": begin, "fragment": obj})
-                     if fragment.start < begin else fragment.to_json())
+    texts += [_from(f, begin) for f in reader.scan(begin, manifest=manifest)]
     return LogSource(uri, prefix, endpoint_url, tuple(texts), manifest.next_offset,
                      deltas, begin)
+
+
+def _from(fragment: Fragment, begin: int) -> str:
+    """A fragment as the executors get it: whole, or its records from ``begin`` on."""
+    if fragment.start >= begin:
+        return fragment.to_json()
+    return json.dumps({"from": begin, "fragment": json.loads(fragment.to_json())})
 
 
 def fragment_records(text: str, reader: LogReader) -> list[tuple[int, bytes]]:
