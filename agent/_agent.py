@@ -23,7 +23,7 @@ import structlog
 
 from agent import _operations as operations
 from agent._clock import system_ids
-from agent._native import new_sequencer
+from agent._native import new_sequencer, unscoped_writer
 from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipper, ShippingFailed
 from agent._store import RelaxedStore
@@ -429,6 +429,14 @@ class Agent(_Capture):
     def __init__(self, store: RelaxedStore, sink: Sink, **options: object) -> None:
         super().__init__(sink, **options)  # type: ignore[arg-type]
         self.store = store
+        # With the C sequencer, an unscoped write is one C call around the store's
+        # exchange (sequencer._native.UnscopedWriter: the method below, step for step).
+        writer = unscoped_writer(
+            agent=self, sequencer=self._sequencer, shipper=self._shipper,
+            items=self._shipper.items, lock=self._cond, next_id=self._next_id,
+            clock=self._clock_ns, fallback=self._set_general, max_queue=self._max_queue)
+        if writer is not None:
+            self._set_unscoped = writer  # type: ignore[method-assign]
 
     # -- writes: each operation is defined once in agent._operations -------------------
 
@@ -458,8 +466,7 @@ class Agent(_Capture):
         if (self._closing or self._hold or shipper.error is not None
                 or len(shipper.items) > shipper.max_queue):
             cond.release()  # the rare cases: the general path waits, refuses or raises
-            with self.batch():
-                return self.set(table, row, column, value)
+            return self._set_general(table, row, column, value)
         try:
             ticket = self._sequencer.open_batch(self._next_id(), self._clock_ns())
             if ticket is None:
@@ -488,6 +495,13 @@ class Agent(_Capture):
         finally:
             cond.release()
         return old
+
+    def _set_general(self, table: str, row: RowKey, column: str,
+                     value: Value) -> Value | Absent:
+        """An unscoped ``set`` the fast path cannot take (closing, held back, a failed
+        or backed-up shipper): through a scoped batch, which waits, refuses or raises."""
+        with self.batch():
+            return self.set(table, row, column, value)
 
     def delete(self, table: str, row: RowKey, column: str) -> Value | Absent:
         """Remove one cell; return the value it held (ABSENT if none: no event)."""

@@ -17,8 +17,8 @@ import structlog
 import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
-__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "shipper_helpers",
-           "transpose"]
+__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
+           "shipper_helpers", "transpose", "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -60,6 +60,15 @@ def new_sequencer(domain_id: int, *, now_ns: int,
                           max_quiescence_interval_ns=max_quiescence_interval_ns)
 
 
+def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:
+    """``Agent._set_unscoped`` as one C call (``sequencer._native.UnscopedWriter``) when
+    ``sequencer`` is the C one, else None (the agent keeps its Python method)."""
+    native = globals()["sequencer"].NATIVE
+    if native is None or type(sequencer) is not native.EpochSequencer:
+        return None
+    return native.UnscopedWriter(sequencer=sequencer, **parts)  # type: ignore[no-any-return]
+
+
 def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
     """The columns of ``rows`` (each a tuple of ``width`` items), as lists: what
     ``zip(*rows, strict=True)`` gives, but ``width`` lists even for no rows."""
@@ -82,3 +91,16 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
         assert sequencer.NATIVE is not None
         return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
     return transpose, None
+
+
+SegmentDigests = Callable[[int, np.ndarray, np.ndarray, np.ndarray, tuple[Any, ...],
+                           tuple[Any, ...]], bytes]
+
+
+def segment_digests_helper() -> SegmentDigests | None:
+    """``sequencer._native.segment_digests`` (each segment's setsum item built and hashed
+    in C), or None: the shipper then uses ``sinks.codec.segment_digest_array``."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.segment_digests  # type: ignore[no-any-return]
+    return None

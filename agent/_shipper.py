@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from agent._native import Transpose, shipper_helpers
+from agent._native import SegmentDigests, Transpose, segment_digests_helper, shipper_helpers
 from agent._tally import EpochTally
 from sequencer import EpochClosed, EpochRecord, RowKey
 from sinks import EventBatch, Sink, SinkBackpressure, SinkTimeout
@@ -128,6 +128,7 @@ class Shipper:
         self._tally = EpochTally()
         # C when built (agent._native): a shipment's columns and its segments' SHA3s.
         self._transpose, self._digest_slices = shipper_helpers()
+        self._segment_digests = segment_digests_helper()
         self._write_epochs = getattr(sink, "write_epochs", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
@@ -152,9 +153,18 @@ class Shipper:
             self._raise_if_failed()
         items = self._items
         items.append(item)
+        if self._idle or len(items) > self._max_queue:
+            self._after_put()
+
+    def _after_put(self) -> None:
+        """After an item was queued: wake the shipper if it is idle, and wait while the
+        queue is over its bound (``sequencer._native.UnscopedWriter`` calls it too)."""
         if self._idle:
+            # Once per wake-up: the writers that queue more before the shipper runs
+            # would each pay for an Event.set() otherwise.
+            self._idle = False
             self._wakeup.set()
-        if len(items) > self._max_queue and self.put_wait > 0:
+        if len(self._items) > self._max_queue and self.put_wait > 0:
             # Backpressure: wait for the shipper to catch up, a bounded time. The item is
             # queued already (its writes are in the store); the next batch's open waits
             # for room, and refuses if there is none.
@@ -320,12 +330,16 @@ class Shipper:
                 tally.add(np.zeros(0, np.uint64), b"", np.zeros(0, np.int64),
                           pa.array([], pa.utf8()))
             return
-        data, lengths = _to_arrow(self._domain_id, segments, self._transpose)
-        starts, digests = segment_digest_array(data, self._digest_slices)
-        if len(starts) != len(segments):  # an agent bug, never a user error
-            raise AssertionError(f"{len(segments)} segments shipped, {len(starts)} hashed")
-        tally.add(np.fromiter((s[1] for s in segments), np.uint64, len(segments)), digests,
-                  lengths, data.column(3))
+        data, lengths, batch_ids, epoch_seqs = _to_arrow(self._domain_id, segments,
+                                                         self._transpose)
+        if self._segment_digests is not None:  # C: each item (one segment) built and hashed
+            digests = _native_digests(self._segment_digests, self._domain_id, batch_ids,
+                                      lengths, data)
+        else:
+            starts, digests = segment_digest_array(data, self._digest_slices)
+            if len(starts) != len(segments):  # an agent bug, never a user error
+                raise AssertionError(f"{len(segments)} segments shipped, {len(starts)} hashed")
+        tally.add(epoch_seqs, digests, lengths, data.column(3))
         batch = EventBatch(data)
         self._call_sink("write_events", lambda: self._sink.write_events(batch),
                         SinkBackpressure)
@@ -389,24 +403,47 @@ class Shipper:
 
 
 def _to_arrow(domain_id: int, segments: list[_BatchItem],
-              transpose: Transpose) -> tuple[pa.RecordBatch, np.ndarray]:
-    """Encode the segments' events as one record batch; also return each one's length.
+              transpose: Transpose,
+              ) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray, np.ndarray]:
+    """Encode the segments' events as one record batch; also return each one's length,
+    batch id and epoch seq.
 
     Transposed with ``transpose`` and ``chain`` (C loops, with the native module): no
     Python step per event."""
-    batch_ids, _epochs, seq_starts, lists, _closed = transpose(segments, 5)
+    batch_ids, epochs, seq_starts, lists, _closed = transpose(segments, 5)
     lengths = np.fromiter(map(len, lists), np.int64, len(lists))
     events = list(chain.from_iterable(lists))
     n = len(events)
     offsets = np.cumsum(lengths) - lengths
     tables, rows, columns, olds, news = transpose(events, 5)
     seqs = np.arange(n) - np.repeat(offsets - np.array(seq_starts, np.int64), lengths)
+    segment_batches = np.array(batch_ids, np.uint64)
     arrays = [
         pa.array(np.full(n, domain_id, dtype=np.uint64)),
-        pa.array(np.repeat(np.array(batch_ids, np.uint64), lengths)),
+        pa.array(np.repeat(segment_batches, lengths)),
         pa.array(seqs.astype(np.uint32)),
         pa.array(tables, pa.utf8()),
         encode_keys(rows), pa.array(columns, pa.utf8()),
         encode_values(olds), encode_values(news),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), lengths
+    return (pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), lengths, segment_batches,
+            np.array(epochs, np.uint64))
+
+
+# The columns of a segment's setsum item after the seqs: table, row, column, old, new.
+_ITEM_COLUMNS: Final = (3, 4, 5, 6, 7)
+
+
+def _native_digests(segment_digests: SegmentDigests, domain_id: int, batch_ids: np.ndarray,
+                    lengths: np.ndarray, data: pa.RecordBatch) -> bytes:
+    """Each segment's setsum digest (``sinks.codec``'s item layout), by the C helper:
+    one segment per queue item, so the segments are known and nothing is searched."""
+    n = data.num_rows
+    offsets, values = [], []
+    for k in _ITEM_COLUMNS:
+        column = data.column(k)
+        buffers = column.buffers()
+        offsets.append(np.frombuffer(buffers[1], np.int32, n + 1, column.offset * 4))
+        values.append(buffers[2] if buffers[2] is not None else b"")
+    return segment_digests(domain_id, batch_ids, np.ascontiguousarray(lengths, np.int64),
+                           data.column(2).to_numpy(), tuple(offsets), tuple(values))

@@ -95,7 +95,7 @@ class EpochTally:
         """The tallies of closed epochs ``seqs`` (increasing), checked against the
         sequencer's ``event_counts``: their setsum digests (32 bytes each), and per
         epoch k its tables ``names[offsets[k]:offsets[k + 1]]`` with their ``counts``."""
-        wanted = np.fromiter(seqs, np.uint64, len(seqs))
+        wanted = np.array(seqs, np.uint64)
         n = len(wanted)
         sums = np.zeros((n, 9), dtype=np.uint64)
         if len(self._seqs):
@@ -103,7 +103,7 @@ class EpochTally:
             hit = self._seqs[at] == wanted
             sums[hit] = self._sums[at[hit]]
             self._used[at[hit]] = True
-        expected = np.fromiter(event_counts, np.uint64, n)
+        expected = np.array(event_counts, np.uint64)
         wrong = np.flatnonzero(sums[:, _COUNT] != expected)
         if len(wrong):
             k = int(wrong[0])

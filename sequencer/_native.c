@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -357,17 +358,10 @@ ticket(uint64_t batch_id, int64_t seq)
     return make_tuple(BatchTicket_type, 2, items);
 }
 
-static PyObject *
-Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
+/* The open transition: 1 with *epoch_seq set, or 0 when forced quiescence refuses. */
+static int
+seq_open(Seq *self, uint64_t batch_id, int64_t now, int64_t *epoch_seq)
 {
-    uint64_t batch_id;
-    int64_t now;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "open_batch(batch_id, now_ns)");
-        return NULL;
-    }
-    if (as_u64(args[0], &batch_id) < 0 || as_i64(args[1], &now) < 0)
-        return NULL;
     if (!self->two) {
         /* QUIESCENT, open: start. The new epoch ends right after the new id. */
         int64_t seq = self->next_seq;
@@ -381,12 +375,30 @@ Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
         self->newer_seq = seq + 1;
         self->newer_open = self->newer_count = 0;
         self->two = 1;
-        return ticket(batch_id, seq);
+        *epoch_seq = seq;
+        return 1;
     }
     if (interval_exceeded(self, now))
-        Py_RETURN_NONE;  /* TWO, open, interval exceeded: refuse */
+        return 0;  /* TWO, open, interval exceeded: refuse */
     self->newer_open += 1;  /* TWO, open: join the newer */
-    return ticket(batch_id, self->newer_seq);
+    *epoch_seq = self->newer_seq;
+    return 1;
+}
+
+static PyObject *
+Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t batch_id;
+    int64_t now, seq;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_batch(batch_id, now_ns)");
+        return NULL;
+    }
+    if (as_u64(args[0], &batch_id) < 0 || as_i64(args[1], &now) < 0)
+        return NULL;
+    if (!seq_open(self, batch_id, now, &seq))
+        Py_RETURN_NONE;
+    return ticket(batch_id, seq);
 }
 
 static PyObject *
@@ -398,32 +410,15 @@ closed_record(int64_t seq, uint64_t begin, uint64_t end, int64_t count, int quie
     return make_tuple(EpochClosed_type, 5, items);
 }
 
+/* The close transitions: the list of epochs closed (a new reference), or NULL with
+ * SequencerError set. `batch_obj` (the batch id) only names the batch in errors. */
 static PyObject *
-Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
+seq_close(Seq *self, PyObject *batch_obj, int64_t epoch_seq, int64_t now, uint64_t fresh_id,
+          int64_t event_count)
 {
-    static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
-    PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
-                                     &fresh_obj, &count_obj))
-        return NULL;
-    int64_t now, event_count = 0, epoch_seq;
-    uint64_t fresh_id;
-    if (as_i64(now_obj, &now) < 0 || as_u64(fresh_obj, &fresh_id) < 0
-        || (count_obj && as_i64(count_obj, &event_count) < 0))
-        return NULL;
-    PyObject *seq_obj = PyObject_GetAttrString(tick, "epoch_seq");
-    if (seq_obj == NULL)
-        return NULL;
-    int rc = as_i64(seq_obj, &epoch_seq);
-    Py_DECREF(seq_obj);
-    if (rc < 0)
-        return NULL;
     if (!self->two) {
-        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
-        if (id != NULL) {
-            PyErr_Format(SequencerError, "batch %S closed while the sequencer is quiescent", id);
-            Py_DECREF(id);
-        }
+        PyErr_Format(SequencerError, "batch %S closed while the sequencer is quiescent",
+                     batch_obj);
         return NULL;
     }
     if (epoch_seq == self->older_seq) {
@@ -439,14 +434,10 @@ Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
         self->newer_open -= 1;
         self->newer_count += event_count;
     } else {
-        PyObject *id = PyObject_GetAttrString(tick, "batch_id");
-        if (id != NULL) {
-            PyErr_Format(SequencerError,
-                         "batch %S of epoch %lld closed, but the open epochs are %lld and "
-                         "%lld (closed twice?)", id, (long long)epoch_seq,
-                         (long long)self->older_seq, (long long)self->newer_seq);
-            Py_DECREF(id);
-        }
+        PyErr_Format(SequencerError,
+                     "batch %S of epoch %lld closed, but the open epochs are %lld and "
+                     "%lld (closed twice?)", batch_obj, (long long)epoch_seq,
+                     (long long)self->older_seq, (long long)self->newer_seq);
         return NULL;
     }
     if (self->older_open)  /* TWO, close, older still busy: uncount */
@@ -498,6 +489,37 @@ Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
     self->last_quiescence_ns = now;
     self->two = 0;
     return list;
+}
+
+static PyObject *
+Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
+    PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
+                                     &fresh_obj, &count_obj))
+        return NULL;
+    int64_t now, event_count = 0, epoch_seq;
+    uint64_t fresh_id;
+    if (as_i64(now_obj, &now) < 0 || as_u64(fresh_obj, &fresh_id) < 0
+        || (count_obj && as_i64(count_obj, &event_count) < 0))
+        return NULL;
+    PyObject *seq_obj = PyObject_GetAttrString(tick, "epoch_seq");
+    if (seq_obj == NULL)
+        return NULL;
+    int rc = as_i64(seq_obj, &epoch_seq);
+    Py_DECREF(seq_obj);
+    if (rc < 0)
+        return NULL;
+    if (!self->two || (epoch_seq != self->older_seq && epoch_seq != self->newer_seq)) {
+        PyObject *id = PyObject_GetAttrString(tick, "batch_id");  /* for the error only */
+        if (id == NULL)
+            return NULL;
+        PyObject *result = seq_close(self, id, epoch_seq, now, fresh_id, event_count);
+        Py_DECREF(id);
+        return result;
+    }
+    return seq_close(self, Py_None, epoch_seq, now, fresh_id, event_count);
 }
 
 static PyObject *
@@ -591,6 +613,471 @@ static PyTypeObject SeqType = {
 };
 
 
+/* ---- UnscopedWriter: an Agent's write outside any batch, in one call ------------------- */
+
+/* `Agent._set_unscoped` (agent/_agent.py, the reference and the pure-Python fallback) in
+ * C: under the agent's lock open the automatic batch (a fresh id, this sequencer), call
+ * the store's exchange without the lock, then under the lock again close the batch, hand
+ * its one event and the epochs it closed to the shipper's queue, count it, and note a
+ * quiescence. Everything that is not the common case calls the agent's own Python
+ * methods, under the lock as the reference does: the general path when the agent is
+ * closing, holding batches back, its shipper failed or its queue is over its bound
+ * (`fallback`); forced quiescence (`_wait_for_ticket`); a store error (`_finish`); a
+ * woken or backed-up shipper (`_after_put`); a quiescence someone waits for or watches
+ * (`_quiesced`). tests/agent/test_unscoped_native.py holds it to the reference's logs. */
+
+static PyObject *S_closing, *S_hold, *S_error, *S_idle, *S_after_put, *S_raise_if_failed,
+    *S_on_quiescence, *S_sleepers, *S_async_waiters, *S_quiesced, *S_wait_for_ticket,
+    *S_finish, *S_last_point, *S_batches_closed, *S_batches, *S_events, *S_epochs,
+    *S_quiescence_points, *S_exchange, *S_put_wait, *S_append, *S_store;
+
+typedef struct {
+    PyObject_HEAD
+    Seq *seq;
+    PyObject *agent, *shipper, *stats, *items, *acquire, *release, *next_id,
+        *clock, *fallback;
+    Py_ssize_t max_queue;
+    vectorcallfunc vectorcall;
+} Writer;
+
+static int
+intern_names(void)
+{
+#define NAME(var, text) if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(S_closing, "_closing") NAME(S_hold, "_hold") NAME(S_error, "error")
+    NAME(S_idle, "_idle") NAME(S_after_put, "_after_put")
+    NAME(S_raise_if_failed, "_raise_if_failed") NAME(S_on_quiescence, "_on_quiescence")
+    NAME(S_sleepers, "_sleepers") NAME(S_async_waiters, "_async_waiters")
+    NAME(S_quiesced, "_quiesced") NAME(S_wait_for_ticket, "_wait_for_ticket")
+    NAME(S_finish, "_finish") NAME(S_last_point, "_last_point")
+    NAME(S_batches_closed, "_batches_closed") NAME(S_batches, "batches")
+    NAME(S_events, "events") NAME(S_epochs, "epochs")
+    NAME(S_quiescence_points, "quiescence_points") NAME(S_exchange, "exchange")
+    NAME(S_put_wait, "put_wait") NAME(S_append, "append") NAME(S_store, "store")
+#undef NAME
+    return 0;
+}
+
+static int
+Writer_init(Writer *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"agent", "sequencer", "shipper", "items", "lock", "next_id",
+                             "clock", "fallback", "max_queue", NULL};
+    PyObject *agent, *seq, *shipper, *items, *lock, *next_id, *clock, *fallback;
+    Py_ssize_t max_queue;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOn", kwlist, &agent, &SeqType,
+                                     &seq, &shipper, &items, &lock, &next_id, &clock,
+                                     &fallback, &max_queue))
+        return -1;
+    if (intern_names() < 0)
+        return -1;
+    PyObject *stats = PyObject_GetAttrString(agent, "stats");
+    if (stats == NULL)
+        return -1;
+    if (!PyDict_Check(stats)) {
+        Py_DECREF(stats);
+        PyErr_SetString(PyExc_TypeError, "agent.stats must be a dict");
+        return -1;
+    }
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    PyObject *release = acquire ? PyObject_GetAttrString(lock, "release") : NULL;
+    if (release == NULL) {
+        Py_DECREF(stats);
+        Py_XDECREF(acquire);
+        return -1;
+    }
+    Py_XSETREF(self->seq, (Seq *)Py_NewRef(seq));
+    Py_XSETREF(self->agent, Py_NewRef(agent));
+    Py_XSETREF(self->shipper, Py_NewRef(shipper));
+    Py_XSETREF(self->stats, stats);
+    Py_XSETREF(self->items, Py_NewRef(items));
+    Py_XSETREF(self->acquire, acquire);
+    Py_XSETREF(self->release, release);
+    Py_XSETREF(self->next_id, Py_NewRef(next_id));
+    Py_XSETREF(self->clock, Py_NewRef(clock));
+    Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    self->max_queue = max_queue;
+    return 0;
+}
+
+static int
+Writer_traverse(Writer *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->seq);
+    Py_VISIT(self->agent);
+    Py_VISIT(self->shipper);
+    Py_VISIT(self->stats);
+    Py_VISIT(self->items);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->next_id);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+Writer_clear(Writer *self)
+{
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->agent);
+    Py_CLEAR(self->shipper);
+    Py_CLEAR(self->stats);
+    Py_CLEAR(self->items);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->next_id);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+Writer_dealloc(Writer *self)
+{
+    PyObject_GC_UnTrack(self);
+    Writer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Call `fn()` and drop its result: 0, or -1 with the error set. */
+static int
+call0(PyObject *fn)
+{
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* `obj` (new, or NULL) untracked by the collector: the writer's event tuples, lists and
+ * queue items only ever hold values, ints and each other, so no cycle can pass through
+ * them, and each write would otherwise add five objects to every collection until the
+ * shipper drops them (the GC was a third of a write's cost). */
+static PyObject *
+untracked(PyObject *obj)
+{
+    if (obj != NULL && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    return obj;
+}
+
+/* Release the lock keeping the error in flight (if any). */
+static void
+unlock(Writer *w)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (call0(w->release) < 0)
+        PyErr_WriteUnraisable(w->release);  /* never: the lock is ours */
+    PyErr_Restore(type, value, tb);
+}
+
+/* obj.name is truthy: 1, 0, or -1 with the error set. */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* stats[key] += n */
+static int
+bump(PyObject *stats, PyObject *key, Py_ssize_t n)
+{
+    PyObject *old = PyDict_GetItemWithError(stats, key);  /* borrowed */
+    if (old == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    PyObject *delta = PyLong_FromSsize_t(n);
+    PyObject *sum = delta ? PyNumber_Add(old, delta) : NULL;
+    Py_XDECREF(delta);
+    if (sum == NULL)
+        return -1;
+    int rc = PyDict_SetItem(stats, key, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* obj.name += 1 */
+static int
+bump_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *old = PyObject_GetAttr(obj, name);
+    if (old == NULL)
+        return -1;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *sum = one ? PyNumber_Add(old, one) : NULL;
+    Py_XDECREF(one);
+    Py_DECREF(old);
+    if (sum == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* A fresh id from the agent's id source, as an object and as a uint64. */
+static PyObject *
+fresh_id(Writer *w, uint64_t *out)
+{
+    PyObject *id = PyObject_CallNoArgs(w->next_id);
+    if (id != NULL && as_u64(id, out) < 0)
+        Py_CLEAR(id);
+    return id;
+}
+
+static int
+read_clock(Writer *w, int64_t *now)
+{
+    PyObject *t = PyObject_CallNoArgs(w->clock);
+    if (t == NULL)
+        return -1;
+    int rc = as_i64(t, now);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* Under the lock: the gate of the fast path (agent._set_unscoped's first test). */
+static int
+needs_general_path(Writer *w)
+{
+    int r = attr_true(w->agent, S_closing);
+    if (r)
+        return r;
+    if ((r = attr_true(w->agent, S_hold)))
+        return r;
+    PyObject *error = PyObject_GetAttr(w->shipper, S_error);
+    if (error == NULL)
+        return -1;
+    r = error != Py_None;
+    Py_DECREF(error);
+    if (r)
+        return 1;
+    Py_ssize_t n = PyObject_Length(w->items);
+    return n < 0 ? -1 : n > w->max_queue;
+}
+
+/* Under the lock: the sequencer just quiesced at `marker` (agent._quiesced, whose common
+ * case, nobody watching or waiting, is done here). */
+static int
+quiesced(Writer *w, PyObject *marker)
+{
+    PyObject *watcher = PyObject_GetAttr(w->agent, S_on_quiescence);
+    if (watcher == NULL)
+        return -1;
+    int watched = watcher != Py_None;
+    Py_DECREF(watcher);
+    int sleepers = watched ? 1 : attr_true(w->agent, S_sleepers);
+    int waiters = sleepers ? 1 : attr_true(w->agent, S_async_waiters);
+    if (sleepers < 0 || waiters < 0)
+        return -1;
+    if (watched || sleepers || waiters) {
+        PyObject *r = PyObject_CallMethodOneArg(w->agent, S_quiesced, marker);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *point = untracked(PyTuple_Pack(2, PyTuple_GET_ITEM(marker, 0),
+                                             PyTuple_GET_ITEM(marker, 2)));
+    if (point == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(w->agent, S_last_point, point);
+    Py_DECREF(point);
+    return rc < 0 ? -1 : bump(w->stats, S_quiescence_points, 1);
+}
+
+/* Under the lock: close the batch with `events` (a list), queue it for the shipper with
+ * the epochs closed, count it (agent._finish). Steals nothing. */
+static int
+finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyObject *events)
+{
+    int64_t now;
+    uint64_t fresh;
+    if (read_clock(w, &now) < 0)
+        return -1;
+    PyObject *fresh_obj = fresh_id(w, &fresh);
+    if (fresh_obj == NULL)
+        return -1;
+    Py_DECREF(fresh_obj);
+    Py_ssize_t count = PyList_GET_SIZE(events);
+    PyObject *closed = seq_close(w->seq, batch_obj, epoch_seq, now, fresh, count);
+    if (closed == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *item = NULL, *error = PyObject_GetAttr(w->shipper, S_error);
+    if (error == NULL)
+        goto done;
+    if (error != Py_None) {  /* Shipper.put raises ShippingFailed */
+        Py_DECREF(error);
+        PyObject *r = PyObject_CallMethodNoArgs(w->shipper, S_raise_if_failed);
+        Py_XDECREF(r);
+        if (r != NULL)
+            PyErr_SetString(PyExc_RuntimeError, "the shipper failed but did not raise");
+        goto done;
+    }
+    Py_DECREF(error);
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        goto done;
+    item = untracked(PyTuple_Pack(5, batch_obj, seq_obj, zero, events, untracked(closed)));
+    Py_DECREF(zero);
+    PyObject *appended = item ? PyObject_CallMethodOneArg(w->items, S_append, item) : NULL;
+    if (appended == NULL)
+        goto done;
+    Py_DECREF(appended);
+    int idle = attr_true(w->shipper, S_idle);
+    Py_ssize_t queued = PyObject_Length(w->items);
+    if (idle < 0 || queued < 0)
+        goto done;
+    if (idle || queued > w->max_queue) {  /* wake the shipper, or wait for room */
+        PyObject *r = PyObject_CallMethodNoArgs(w->shipper, S_after_put);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if (bump(w->stats, S_events, count) < 0 || bump_attr(w->agent, S_batches_closed) < 0)
+        goto done;
+    Py_ssize_t n = PyList_GET_SIZE(closed);
+    if (n) {
+        if (bump(w->stats, S_epochs, n) < 0)
+            goto done;
+        PyObject *last = PyList_GET_ITEM(closed, n - 1);
+        if (PyTuple_GET_ITEM(last, 4) == Py_True && quiesced(w, last) < 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(item);
+    Py_DECREF(closed);
+    return rc;
+}
+
+static PyObject *
+Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "UnscopedWriter(table, row, column, value)");
+        return NULL;
+    }
+    if (call0(w->acquire) < 0)
+        return NULL;
+    int general = needs_general_path(w);
+    if (general) {  /* the rare cases (or an error): the general path waits or raises */
+        unlock(w);
+        return general < 0 ? NULL : PyObject_Vectorcall(w->fallback, args, nargs, NULL);
+    }
+    PyObject *batch_obj = NULL, *seq_obj = NULL, *result = NULL;
+    uint64_t batch_id;
+    int64_t now, epoch_seq;
+    /* The id first, then the clock: the order of the reference's open_batch arguments. */
+    if ((batch_obj = fresh_id(w, &batch_id)) == NULL || read_clock(w, &now) < 0)
+        goto unlock_fail;
+    if (!seq_open(w->seq, batch_id, now, &epoch_seq)) {  /* forced quiescence: wait */
+        Py_CLEAR(batch_obj);
+        PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
+        if (tick == NULL)
+            goto unlock_fail;
+        batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
+        seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
+        Py_DECREF(tick);
+        if (as_i64(seq_obj, &epoch_seq) < 0)
+            goto unlock_fail;
+    } else if ((seq_obj = PyLong_FromLongLong(epoch_seq)) == NULL) {
+        goto unlock_fail;
+    }
+    if (bump(w->stats, S_batches, 1) < 0)
+        goto unlock_fail;  /* (never: a dict of ints) */
+    unlock(w);
+    /* agent.store read at each write, as the reference does */
+    PyObject *store = PyObject_GetAttr(w->agent, S_store);
+    PyObject *call[5] = {store, args[0], args[1], args[2], args[3]};
+    PyObject *old = store ? PyObject_VectorcallMethod(S_exchange, call, 5, NULL) : NULL;
+    Py_XDECREF(store);
+    if (old == NULL) {  /* no event, as when a scoped write raises; then re-raise */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *items[2] = {Py_NewRef(batch_obj), Py_NewRef(seq_obj)};
+        PyObject *tick = make_tuple(BatchTicket_type, 2, items);
+        PyObject *r = tick ? PyObject_CallMethod(w->agent, "_finish", "OiN", tick, 0,
+                                                 PyList_New(0)) : NULL;
+        Py_XDECREF(tick);
+        if (r == NULL) {
+            _PyErr_ChainExceptions(type, value, tb);
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(type, value, tb);
+        }
+        goto fail;
+    }
+    PyObject *event = untracked(PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]));
+    PyObject *events = event ? untracked(PyList_New(1)) : NULL;
+    if (events == NULL) {
+        Py_XDECREF(event);
+        Py_DECREF(old);
+        goto fail;
+    }
+    PyList_SET_ITEM(events, 0, event);
+    if (call0(w->acquire) < 0) {
+        Py_DECREF(events);
+        Py_DECREF(old);
+        goto fail;
+    }
+    int rc = finish(w, batch_obj, seq_obj, epoch_seq, events);
+    unlock(w);
+    Py_DECREF(events);
+    if (rc < 0)
+        Py_DECREF(old);
+    else
+        result = old;
+    goto fail;
+unlock_fail:
+    unlock(w);
+fail:
+    Py_XDECREF(batch_obj);
+    Py_XDECREF(seq_obj);
+    return result;
+}
+
+static PyObject *
+Writer_tp_call(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    return PyVectorcall_Call(self, args, kwds);
+}
+
+static PyObject *
+Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *self = PyType_GenericNew(type, args, kwds);
+    if (self != NULL)
+        *(vectorcallfunc *)((char *)self + offsetof(Writer, vectorcall)) =
+            (vectorcallfunc)Writer_call;
+    return self;
+}
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.UnscopedWriter",
+    .tp_doc = "Agent._set_unscoped in C: writer(table, row, column, value) -> old value.",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = Writer_new,
+    .tp_init = (initproc)Writer_init,
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_traverse = (traverseproc)Writer_traverse,
+    .tp_clear = (inquiry)Writer_clear,
+    .tp_call = Writer_tp_call,
+    .tp_vectorcall_offset = offsetof(Writer, vectorcall),
+};
+
+
 /* ---- helpers for the shipper: columns of tuples, SHA3 of many slices ------------------ */
 
 static PyObject *
@@ -645,48 +1132,77 @@ static const uint64_t KECCAK_RC[24] = {
     0x000000000000800AULL, 0x800000008000000AULL, 0x8000000080008081ULL,
     0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL,
 };
-/* Rotation of lane x + 5y. */
-static const unsigned KECCAK_ROT[25] = {
-    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39,
-    41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
-};
-
-static inline uint64_t
-rol64(uint64_t v, unsigned n)
-{
-    return n ? (v << n) | (v >> (64 - n)) : v;
-}
+#define ROL64(v, n) (((v) << (n)) | ((v) >> (64 - (n))))  /* 0 < n < 64 */
 
 static void
 keccak_f1600(uint64_t a[25])
 {
-    /* pi, as data: lane i = x + 5y moves to y + 5((2x + 3y) mod 5) */
-    static const unsigned char PI[25] = {
-        0, 10, 20, 5, 15, 16, 1, 11, 21, 6, 7, 17, 2, 12, 22,
-        23, 8, 18, 3, 13, 14, 24, 9, 19, 4,
-    };
-    uint64_t b[25], c[5], d[5];
+    /* Unrolled (generated from FIPS 202's rho offsets and pi, checked against hashlib by
+     * tests/sequencer/test_native.py): theta's column parities d[x] are folded into rho
+     * and pi; lane x + 5y moves to y + 5((2x + 3y) mod 5), rotated by its rho offset. */
+    uint64_t b[25], c0, c1, c2, c3, c4, d0, d1, d2, d3, d4;
     for (int round = 0; round < 24; round++) {
-        for (int x = 0; x < 5; x++)  /* theta */
-            c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
-        d[0] = c[4] ^ rol64(c[1], 1);
-        d[1] = c[0] ^ rol64(c[2], 1);
-        d[2] = c[1] ^ rol64(c[3], 1);
-        d[3] = c[2] ^ rol64(c[4], 1);
-        d[4] = c[3] ^ rol64(c[0], 1);
-        for (int y = 0; y < 25; y += 5)
-            for (int x = 0; x < 5; x++)
-                a[y + x] ^= d[x];
-        for (int i = 0; i < 25; i++)  /* rho and pi */
-            b[PI[i]] = rol64(a[i], KECCAK_ROT[i]);
-        for (int y = 0; y < 25; y += 5) {  /* chi */
-            a[y + 0] = b[y + 0] ^ (~b[y + 1] & b[y + 2]);
-            a[y + 1] = b[y + 1] ^ (~b[y + 2] & b[y + 3]);
-            a[y + 2] = b[y + 2] ^ (~b[y + 3] & b[y + 4]);
-            a[y + 3] = b[y + 3] ^ (~b[y + 4] & b[y + 0]);
-            a[y + 4] = b[y + 4] ^ (~b[y + 0] & b[y + 1]);
-        }
-        a[0] ^= KECCAK_RC[round];  /* iota */
+        c0 = a[0] ^ a[5] ^ a[10] ^ a[15] ^ a[20];
+        c1 = a[1] ^ a[6] ^ a[11] ^ a[16] ^ a[21];
+        c2 = a[2] ^ a[7] ^ a[12] ^ a[17] ^ a[22];
+        c3 = a[3] ^ a[8] ^ a[13] ^ a[18] ^ a[23];
+        c4 = a[4] ^ a[9] ^ a[14] ^ a[19] ^ a[24];
+        d0 = c4 ^ ROL64(c1, 1);
+        d1 = c0 ^ ROL64(c2, 1);
+        d2 = c1 ^ ROL64(c3, 1);
+        d3 = c2 ^ ROL64(c4, 1);
+        d4 = c3 ^ ROL64(c0, 1);
+        b[0] = a[0] ^ d0;
+        b[10] = ROL64(a[1] ^ d1, 1);
+        b[20] = ROL64(a[2] ^ d2, 62);
+        b[5] = ROL64(a[3] ^ d3, 28);
+        b[15] = ROL64(a[4] ^ d4, 27);
+        b[16] = ROL64(a[5] ^ d0, 36);
+        b[1] = ROL64(a[6] ^ d1, 44);
+        b[11] = ROL64(a[7] ^ d2, 6);
+        b[21] = ROL64(a[8] ^ d3, 55);
+        b[6] = ROL64(a[9] ^ d4, 20);
+        b[7] = ROL64(a[10] ^ d0, 3);
+        b[17] = ROL64(a[11] ^ d1, 10);
+        b[2] = ROL64(a[12] ^ d2, 43);
+        b[12] = ROL64(a[13] ^ d3, 25);
+        b[22] = ROL64(a[14] ^ d4, 39);
+        b[23] = ROL64(a[15] ^ d0, 41);
+        b[8] = ROL64(a[16] ^ d1, 45);
+        b[18] = ROL64(a[17] ^ d2, 15);
+        b[3] = ROL64(a[18] ^ d3, 21);
+        b[13] = ROL64(a[19] ^ d4, 8);
+        b[14] = ROL64(a[20] ^ d0, 18);
+        b[24] = ROL64(a[21] ^ d1, 2);
+        b[9] = ROL64(a[22] ^ d2, 61);
+        b[19] = ROL64(a[23] ^ d3, 56);
+        b[4] = ROL64(a[24] ^ d4, 14);
+        a[0] = b[0] ^ (~b[1] & b[2]);
+        a[1] = b[1] ^ (~b[2] & b[3]);
+        a[2] = b[2] ^ (~b[3] & b[4]);
+        a[3] = b[3] ^ (~b[4] & b[0]);
+        a[4] = b[4] ^ (~b[0] & b[1]);
+        a[5] = b[5] ^ (~b[6] & b[7]);
+        a[6] = b[6] ^ (~b[7] & b[8]);
+        a[7] = b[7] ^ (~b[8] & b[9]);
+        a[8] = b[8] ^ (~b[9] & b[5]);
+        a[9] = b[9] ^ (~b[5] & b[6]);
+        a[10] = b[10] ^ (~b[11] & b[12]);
+        a[11] = b[11] ^ (~b[12] & b[13]);
+        a[12] = b[12] ^ (~b[13] & b[14]);
+        a[13] = b[13] ^ (~b[14] & b[10]);
+        a[14] = b[14] ^ (~b[10] & b[11]);
+        a[15] = b[15] ^ (~b[16] & b[17]);
+        a[16] = b[16] ^ (~b[17] & b[18]);
+        a[17] = b[17] ^ (~b[18] & b[19]);
+        a[18] = b[18] ^ (~b[19] & b[15]);
+        a[19] = b[19] ^ (~b[15] & b[16]);
+        a[20] = b[20] ^ (~b[21] & b[22]);
+        a[21] = b[21] ^ (~b[22] & b[23]);
+        a[22] = b[22] ^ (~b[23] & b[24]);
+        a[23] = b[23] ^ (~b[24] & b[20]);
+        a[24] = b[24] ^ (~b[20] & b[21]);
+        a[0] ^= KECCAK_RC[round];
     }
 }
 
@@ -772,6 +1288,153 @@ done:
     return out;
 }
 
+/* ---- segment_digests: the setsum items of many segments, built and hashed here ------- */
+
+static void
+put_be(unsigned char *p, uint64_t v, int width)
+{
+    for (int i = width - 1; i >= 0; i--, v >>= 8)
+        p[i] = (unsigned char)v;
+}
+
+/* One buffer argument, checked: `count` items of `itemsize` bytes at least. */
+static int
+get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+          const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len < itemsize * count) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zd needed", what, view->len,
+                     itemsize * count);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+#define VAR_COLUMNS 5
+
+/* segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): the SHA3-256 of
+ * every segment's setsum item (sinks.codec's layout: b"CDCSEG1\0", domain u64, batch
+ * u64, n u32, n seqs u32, then per variable column n lengths u32 and the values' bytes,
+ * big-endian), concatenated. batch_ids: uint64 per segment; lengths: int64 per segment
+ * (events, contiguous); seqs: uint32 per event; offsets and values: five each, for the
+ * columns table, row, column, old, new (an Arrow binary column's int32 offsets, n + 1 of
+ * them, and its data buffer). The GIL is released while items are built and hashed. */
+static PyObject *
+segment_digests(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])
+        || PyTuple_GET_SIZE(args[4]) != VAR_COLUMNS
+        || PyTuple_GET_SIZE(args[5]) != VAR_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "segment_digests(domain_id, batch_ids, lengths, "
+                        "seqs, offsets: 5-tuple, values: 5-tuple)");
+        return NULL;
+    }
+    uint64_t domain;
+    if (as_u64(args[0], &domain) < 0)
+        return NULL;
+    Py_buffer views[4 + 2 * VAR_COLUMNS];
+    int held = 0;
+    PyObject *out = NULL;
+    unsigned char *item = NULL;
+    Py_buffer *batches = &views[0], *lengths = &views[1], *seqs = &views[2];
+    if (PyObject_GetBuffer(args[1], batches, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    held++;
+    Py_ssize_t m = batches->len / 8;
+    if (get_array(args[2], lengths, 8, m, "lengths") < 0)
+        goto done;
+    held++;
+    const int64_t *len_at = (const int64_t *)lengths->buf;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        if (len_at[k] < 0 || len_at[k] > 0xFFFFFFFFLL) {
+            PyErr_Format(PyExc_ValueError, "segment %zd has %lld events", k,
+                         (long long)len_at[k]);
+            goto done;
+        }
+        n += (Py_ssize_t)len_at[k];
+    }
+    if (get_array(args[3], seqs, 4, n, "seqs") < 0)
+        goto done;
+    held++;
+    const int32_t *offs[VAR_COLUMNS];
+    const unsigned char *vals[VAR_COLUMNS];
+    for (int c = 0; c < VAR_COLUMNS; c++) {
+        Py_buffer *o = &views[3 + 2 * c], *v = &views[4 + 2 * c];
+        if (get_array(PyTuple_GET_ITEM(args[4], c), o, 4, n + 1, "offsets") < 0)
+            goto done;
+        held++;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args[5], c), v, PyBUF_SIMPLE) < 0)
+            goto done;
+        held++;
+        offs[c] = (const int32_t *)o->buf;
+        vals[c] = (const unsigned char *)v->buf;
+        for (Py_ssize_t i = 0; i < n; i++)  /* untrusted: every value inside the data */
+            if (offs[c][i] < 0 || offs[c][i] > offs[c][i + 1] || offs[c][i + 1] > v->len) {
+                PyErr_Format(PyExc_ValueError, "column %d: value %zd [%d, %d) is not inside "
+                             "its %zd bytes of data", c, i, offs[c][i], offs[c][i + 1], v->len);
+                goto done;
+            }
+    }
+    /* The largest item, for one scratch buffer. */
+    size_t biggest = 0;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
+        size_t size = 28 + 4 * (size_t)(e - at) * (1 + VAR_COLUMNS);
+        for (int c = 0; c < VAR_COLUMNS; c++)
+            size += (size_t)(offs[c][e] - offs[c][at]);
+        if (size > biggest)
+            biggest = size;
+        at = e;
+    }
+    out = PyBytes_FromStringAndSize(NULL, 32 * m);
+    item = out ? PyMem_RawMalloc(biggest ? biggest : 1) : NULL;
+    if (item == NULL) {
+        if (out != NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
+    const uint64_t *batch_at = (const uint64_t *)batches->buf;
+    const uint32_t *seq_at = (const uint32_t *)seqs->buf;
+    Py_BEGIN_ALLOW_THREADS
+    at = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
+        unsigned char *p = item;
+        memcpy(p, "CDCSEG1\0", 8);
+        put_be(p + 8, domain, 8);
+        put_be(p + 16, batch_at[k], 8);
+        put_be(p + 24, (uint64_t)(e - at), 4);
+        p += 28;
+        for (Py_ssize_t i = at; i < e; i++, p += 4)
+            put_be(p, seq_at[i], 4);
+        for (int c = 0; c < VAR_COLUMNS; c++) {
+            const int32_t *o = offs[c];
+            for (Py_ssize_t i = at; i < e; i++, p += 4)
+                put_be(p, (uint64_t)(o[i + 1] - o[i]), 4);
+            size_t bytes = (size_t)(o[e] - o[at]);
+            if (bytes)
+                memcpy(p, vals[c] + o[at], bytes);
+            p += bytes;
+        }
+        sha3_256(item, (size_t)(p - item), digests + 32 * k);
+        at = e;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyMem_RawFree(item);
+    for (int i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    return out;
+}
+
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -780,6 +1443,9 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"segment_digests", (PyCFunction)(void (*)(void))segment_digests, METH_FASTCALL,
+     "segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): every "
+     "segment's setsum item digest (sinks.codec's layout), built and hashed in C."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
@@ -796,11 +1462,14 @@ PyInit__native(void)
 {
     if (PyType_Ready(&IdsType) < 0 || PyType_Ready(&SeqType) < 0)
         return NULL;
+    if (PyType_Ready(&WriterType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "MonotonicIds", (PyObject *)&IdsType) < 0
-        || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0) {
+        || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0
+        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

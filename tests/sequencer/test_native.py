@@ -275,11 +275,66 @@ def test_the_shippers_native_helpers_give_the_same_arrow_and_digests(
     from sinks.codec import segment_digest_array
 
     items: list[Any] = [(1000 + 128 * k, k, 0, events, []) for k, events in enumerate(segments)]
-    python_data, python_lengths = _to_arrow(99, items, choice.transpose)
-    native_data, native_lengths = _to_arrow(99, items, native().transpose)
+    python_data, python_lengths, python_batches, python_epochs = _to_arrow(
+        99, items, choice.transpose)
+    native_data, native_lengths, native_batches, native_epochs = _to_arrow(
+        99, items, native().transpose)
+    assert list(native_epochs) == list(python_epochs) == [i[1] for i in items]
     assert native_data.equals(python_data)
     assert list(native_lengths) == list(python_lengths)
+    assert list(native_batches) == list(python_batches) == [i[0] for i in items]
     starts, digests = segment_digest_array(python_data)
     assert len(starts) == len(segments)
     native_starts, native_digests = segment_digest_array(native_data, native().sha3_slices)
     assert list(native_starts) == list(starts) and native_digests == digests
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(
+    st.integers(0, (1 << 64) - 1), st.integers(0, 3),
+    st.lists(st.tuples(st.sampled_from(["t", "users", "é" * 40]),
+                       st.integers(-5, 5) | st.text(max_size=60),
+                       st.sampled_from(["a", "b"]),
+                       st.none() | st.integers(-(1 << 63), (1 << 63) - 1)
+                       | st.text(max_size=300),
+                       st.booleans() | st.floats() | st.binary(max_size=200)),
+             min_size=1, max_size=12)), min_size=1, max_size=30, unique_by=lambda s: s[0]),
+    st.integers(0, (1 << 63) - 1), st.integers(0, 3))
+def test_native_segment_digests_equal_the_codecs(
+        segments: list[tuple[int, int, list[tuple[Any, ...]]]], domain_id: int,
+        skip: int) -> None:
+    """The shipper's C digests (each queue item's segment built and hashed in C) are
+    ``sinks.codec.segment_digest_array``'s: any ids, later segments of a batch (seq
+    starts at a multiple of 2**16), items across SHA3's 136-byte blocks, and a record
+    batch that is a slice of a larger one (Arrow offsets not starting at 0). One queue
+    item is one segment: a batch's items never share a seq start."""
+    from agent._shipper import _native_digests, _to_arrow
+    from sinks.codec import segment_digest_array
+
+    items: list[Any] = [(batch, 0, part << 16, events, [])
+                        for batch, part, events in segments]
+    data, lengths, batches, _epochs = _to_arrow(domain_id, items, choice.transpose)
+    if skip:  # the same segments, preceded by another batch's events, then sliced off
+        extra: list[Any] = [(7, 0, 0, [("x", 1, "y", "z" * 50, b"w")] * skip, [])]
+        whole, *_ = _to_arrow(domain_id, extra + items, choice.transpose)
+        data = whole.slice(skip)
+    _starts, expected = segment_digest_array(data)
+    assert _native_digests(native().segment_digests, domain_id, batches, lengths,
+                           data) == expected
+
+
+def test_native_segment_digests_refuse_inconsistent_buffers() -> None:
+    import numpy as np
+
+    digests = native().segment_digests
+    ok = [np.zeros(2, np.int32)] * 5
+    vals = [b""] * 5
+    u64, one = np.array([5], np.uint64), np.array([1], np.int64)
+    seqs = np.zeros(1, np.uint32)
+    assert len(digests(1, u64, one, seqs, tuple(ok), tuple(vals))) == 32
+    with pytest.raises(ValueError, match="not inside"):
+        digests(1, u64, one, seqs, (np.array([0, 3], np.int32), *ok[1:]), tuple(vals))
+    with pytest.raises(ValueError, match="seqs holds"):
+        digests(1, u64, np.array([2], np.int64), seqs, tuple(ok), tuple(vals))
+    with pytest.raises(TypeError, match="5-tuple"):
+        digests(1, u64, one, seqs, tuple(ok[:4]), tuple(vals))
