@@ -21,7 +21,6 @@ Ids are unsigned 64-bit; Spark has no such type, so they travel as int64 *bit vi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,8 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.spark._baselines import chunk_header
+from replay.spark._source import fragment_records
 from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode, segment_digests
-from sinks.wal3 import Fragment, LogReader
+from sinks.wal3 import LogReader
 
 __all__ = [
     "EVENT_ROWS",
@@ -87,11 +87,15 @@ class DomainEpochs:
     ends: np.ndarray  # uint64, strictly increasing
     seqs: np.ndarray  # int64
     q: np.ndarray  # int64
+    floor: int = 0  # ids below were applied before (a collected log, a resumed stream)
 
     def locate(self, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each batch id's epoch and interval (-1 where it is past the known epochs)."""
+        """Each batch id's epoch and interval (-1 where it is past the known epochs, or
+        below ``floor``: a late copy of an event applied before)."""
         index = np.searchsorted(self.ends, batch_ids, side="right")
         inside = index < len(self.ends)
+        if self.floor:
+            inside &= batch_ids >= np.uint64(self.floor)
         safe = np.where(inside, index, 0)
         epoch = np.where(inside, self.seqs[safe] if len(self.seqs) else -1, -1)
         q = np.where(inside, self.q[safe] if len(self.q) else -1, -1)
@@ -118,9 +122,9 @@ def _fragments(batches: Iterable[pa.RecordBatch], reader: LogReader
                ) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
     for batch in batches:
         for text in batch.column("fragment").to_pylist():
-            fragment = Fragment.from_obj(json.loads(text))
-            records = reader.fetch(fragment)
-            yield fragment.path, [(r.offset, r.body) for r in records]
+            # a fragment, the part of one from an offset, or a checkpoint's carried
+            # records (``_source.list_fragments``)
+            yield text, fragment_records(text, reader)
 
 
 def metadata_rows(uri: str, prefix: str, endpoint_url: str | None

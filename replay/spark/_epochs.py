@@ -9,8 +9,8 @@ each event (``_decode.EpochIndex``) and becomes small DataFrames the checks join
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,10 +31,12 @@ class UnsupportedRecord(ValueError):
 
 @dataclass(frozen=True)
 class EpochTable:
-    """Each domain's verified prefix of epochs (seq 1.., tiling from id 0)."""
+    """Each domain's verified prefix of epochs (seq 1.., tiling from id 0; on a collected
+    log or a resumed stream, from the start point's seq and end id: ``floors``)."""
 
     epochs: dict[int, list[EpochRecord]]  # domain -> its epochs 1..k, in order
     intervals: dict[int, list[EpochRecord]]  # domain -> its quiescence points, in order
+    floors: dict[int, int] = field(default_factory=dict)  # domain -> its first id read
 
     def index(self, chunks: frozenset[tuple[int, int, int]] = frozenset()) -> EpochIndex:
         domains = {}
@@ -47,7 +49,8 @@ class EpochTable:
                 q[i] = closing
             domains[domain_id] = DomainEpochs(
                 np.array([r.end_id for r in epochs], dtype=np.uint64),
-                np.array([r.epoch_seq for r in epochs], dtype=np.int64), q)
+                np.array([r.epoch_seq for r in epochs], dtype=np.int64), q,
+                self.floors.get(domain_id, 0))
         return EpochIndex(domains, chunks)
 
     def position(self, domain_id: int, epoch_seq: int) -> Position:
@@ -64,10 +67,12 @@ class EpochTable:
                 for d, points in sorted(self.intervals.items()) if points]
 
 
-def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]]
+def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]],
+                    offsets: dict[tuple[int, int], int] | None = None
                     ) -> tuple[list[EpochRecord], list[ChunkHeader]]:
     """Decode pass 1's bodies and chunk headers; refuse a record kind this reader does
-    not handle."""
+    not handle. ``offsets`` gets the offset of each quiescence point's first record
+    ((domain, epoch) -> offset: where a stream resumes, ``_stream``)."""
     records = []
     chunks = []
     for offset, body, chunk in rows:
@@ -89,13 +94,25 @@ def decode_metadata(rows: Iterable[tuple[int, bytes | None, str | None]]
                     "replay.spark handles events, epoch records and snapshot chunks only "
                     "(checkpoints are not supported yet)")
             records.append(record)
+            if offsets is not None and record.quiescent:
+                offsets.setdefault((record.domain_id, record.epoch_seq), offset)
     return records, chunks
 
 
-def build_epoch_table(records: Iterable[EpochRecord]) -> EpochTable:
-    """Deduplicate, check tiling and gaps per domain, number the intervals."""
-    by_domain: dict[int, dict[int, EpochRecord]] = {}
+def build_epoch_table(records: Iterable[EpochRecord],
+                      starts: Mapping[int, Position] | None = None,
+                      retained: Mapping[int, list[EpochRecord]] | None = None) -> EpochTable:
+    """Deduplicate, check tiling and gaps per domain, number the intervals.
+
+    ``starts``: on a collected log, where each domain's epochs resume (the newest
+    retained point's frontier); ``retained``: the quiescence points the checkpoint and
+    stripes stand for, listed before the log's own (``_checkpoint``)."""
+    starts = starts or {}
+    by_domain: dict[int, dict[int, EpochRecord]] = {d: {} for d in starts}
     for record in records:
+        start = starts.get(record.domain_id)
+        if start is not None and record.epoch_seq <= start.epoch_seq:
+            continue  # a late copy of a compacted epoch
         held = by_domain.setdefault(record.domain_id, {})
         known = held.get(record.epoch_seq)
         if known is not None and known != record:
@@ -106,8 +123,10 @@ def build_epoch_table(records: Iterable[EpochRecord]) -> EpochTable:
     intervals: dict[int, list[EpochRecord]] = {}
     for domain_id, held in sorted(by_domain.items()):
         prefix: list[EpochRecord] = []
-        begin = 0
-        while (following := held.get(len(prefix) + 1)) is not None:
+        start = starts.get(domain_id)
+        base = 0 if start is None else start.epoch_seq
+        begin = 0 if start is None else start.end_id
+        while (following := held.get(base + len(prefix) + 1)) is not None:
             if following.begin_id != begin:
                 raise InconsistentLog(
                     f"epoch begins at id {following.begin_id:#x}, but the previous one ended "
@@ -115,12 +134,14 @@ def build_epoch_table(records: Iterable[EpochRecord]) -> EpochTable:
                     domain_id=domain_id, epoch_seq=following.epoch_seq)
             prefix.append(following)
             begin = following.end_id
-        beyond = [r.epoch_seq for r in held.values() if r.epoch_seq > len(prefix) and r.quiescent]
+        beyond = [r.epoch_seq for r in held.values()
+                  if r.epoch_seq > base + len(prefix) and r.quiescent]
         if beyond:
-            missing = len(prefix) + 1
+            missing = base + len(prefix) + 1
             raise InconsistentLog(
                 f"epoch {missing} never arrived, but quiescence point {min(beyond)} after "
                 "it did", domain_id=domain_id, epoch_seq=missing)
         epochs[domain_id] = prefix
-        intervals[domain_id] = [r for r in prefix if r.quiescent]
-    return EpochTable(epochs, intervals)
+        intervals[domain_id] = [*(retained or {}).get(domain_id, []),
+                                *(r for r in prefix if r.quiescent)]
+    return EpochTable(epochs, intervals, {d: p.end_id for d, p in starts.items()})

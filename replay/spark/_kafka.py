@@ -27,6 +27,7 @@ chain) are ``LogReplay``'s, the same as for a wal3 log.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -65,10 +66,14 @@ __all__ = [
     "KAFKA_SCHEME",
     "KafkaTopic",
     "MarkerOffsets",
+    "SHARES",
     "kafka_metadata",
     "kafka_rows",
     "open_topic",
+    "share_columns",
+    "share_failures",
     "vouched_epochs",
+    "vouched_shares",
 ]
 
 KAFKA_SCHEME: Final = "kafka://"
@@ -85,6 +90,8 @@ _FOREIGN: Final = "x"
 # epoch_seq - 1), for the epochs every partition vouched for.
 MarkerOffsets = dict[tuple[int, int], np.ndarray]
 
+# Pass 2's rows of a topic: ``EVENT_ROWS`` and the partition each event came from.
+KAFKA_ROWS: Final = pa.schema([*EVENT_ROWS, pa.field("partition", pa.int32())])
 _META: Final = pa.schema([
     pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
     pa.field("kind", pa.string()), pa.field("part", pa.binary()),
@@ -370,7 +377,7 @@ def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: Mark
             keep[np.flatnonzero(lane)] = (epoch[lane] > len(marks)) | (offset[lane] < marks[at])
     if not keep.all():
         events = [e for e, k in zip(events, keep.tolist(), strict=True) if k]
-        epoch, q, offset = epoch[keep], q[keep], offset[keep]
+        epoch, q, offset, partition = epoch[keep], q[keep], offset[keep], partition[keep]
         domains, batches = domains[keep], batches[keep]
         n = len(events)
     if not n:
@@ -388,7 +395,8 @@ def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: Mark
         pa.array([e[8] for e in events], pa.binary()),
         pa.array([e[9] for e in events], pa.binary()),
         pa.array(offset), nothing_bin, *([nothing_int] * 8),
-    ], schema=EVENT_ROWS)
+        pa.array(partition.astype(np.int32)),
+    ], schema=KAFKA_ROWS)
 
 
 def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets
@@ -405,7 +413,10 @@ def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets
                 if r["kind"] == _CHUNK:
                     chunk = _decode_chunk(r["partition"], r["offset"], r["snapshot"])
                     if (chunk.domain_id, chunk.baseline_id, chunk.index) in index.chunks:
-                        yield _chunk_cells(chunk, r["offset"])
+                        cells = _chunk_cells(chunk, r["offset"])
+                        yield pa.RecordBatch.from_arrays(
+                            [*cells.columns, pa.nulls(cells.num_rows, pa.int32())],
+                            schema=KAFKA_ROWS)
 
     return run
 
@@ -495,13 +506,165 @@ def kafka_rows(spark: SparkSession, topic: KafkaTopic, index: EpochIndex,
     schema = from_arrow_schema(EVENT_ROWS)
     frame = topic.frame(spark).filter(F.col("kind").isin(_EVENT, _CHUNK)).select(
         "partition", "offset", "kind", "value", "snapshot")
-    rows = frame.mapInArrow(_event_rows(topic.encoding, index, markers), schema)
+    rows = frame.mapInArrow(_event_rows(topic.encoding, index, markers),
+                            from_arrow_schema(KAFKA_ROWS))
 
     def with_segments(events: DataFrame) -> DataFrame:
         placed = events.filter((F.col("kind") == F.lit(KIND_EVENT)) & F.col("q").isNotNull())
         segments = (placed.repartition("domain", "batch")
                     .sortWithinPartitions("domain", "batch", "seq")
                     .mapInArrow(_segment_rows, schema))
-        return events.unionByName(segments)
+        return events.unionByName(segments, allowMissingColumns=True)
 
     return rows, with_segments
+
+
+# -- each partition's share of each epoch (its marker's own count, tables, setsum) ---------
+
+# One row per partition and verified epoch: what that partition's marker says.
+SHARES: Final = pa.schema([
+    pa.field("partition", pa.int32()), pa.field("domain", pa.int64()),
+    pa.field("epoch", pa.int64()), pa.field("q", pa.int64()),
+    pa.field("expected_events", pa.int64()),
+    pa.field("expected_tables", pa.list_(pa.struct([
+        pa.field("table", pa.string()), pa.field("events", pa.int64())]))),
+    pa.field("setsum", pa.string()), *[pa.field(f"e{i}", pa.int64()) for i in range(8)],
+])
+_SHARE_LANES: Final = pa.schema([
+    pa.field("partition", pa.int32()), pa.field("domain", pa.int64()),
+    pa.field("epoch", pa.int64()), *[pa.field(f"l{i}", pa.int64()) for i in range(8)],
+])
+
+
+def vouched_shares(markers: Iterable[tuple[int, int, bytes, bytes]],
+                   records: Iterable[EpochRecord]) -> list[EpochRecord]:
+    """Each partition's marker record (its share: count, per-table counts, setsum) of
+    every verified epoch, the first copy in the partition's order."""
+    wanted = {(r.domain_id, r.epoch_seq) for r in records}
+    shares: dict[tuple[int, int, int], EpochRecord] = {}
+    for partition, offset, raw_part, _whole in markers:
+        part = _epoch_record(raw_part, f"partition {partition} offset {offset}")
+        if (part.domain_id, part.epoch_seq) in wanted:
+            shares.setdefault((partition, part.domain_id, part.epoch_seq), part)
+    return list(shares.values())
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def share_columns(shares: Iterable[EpochRecord], q_of: Callable[[int, int], int]
+                  ) -> dict[str, list[object]]:
+    """``SHARES`` columns (``q_of(domain, epoch)``: the interval the epoch closes in)."""
+    import struct
+
+    cols: dict[str, list[object]] = {f.name: [] for f in SHARES}
+    for part in shares:
+        lanes = struct.unpack("<8I", bytes.fromhex(part.setsum) if part.setsum else bytes(32))
+        for name, value in (
+                ("partition", part.stream), ("domain", _signed(part.domain_id)),
+                ("epoch", part.epoch_seq), ("q", q_of(part.domain_id, part.epoch_seq)),
+                ("expected_events", part.event_count),
+                ("expected_tables", [{"table": t, "events": n}
+                                     for t, n in sorted(part.table_counts)]),
+                ("setsum", part.setsum), *((f"e{i}", lanes[i]) for i in range(8))):
+            cols[name].append(value)
+    return cols
+
+
+def _share_lanes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor side: events sorted by (partition, domain, batch, seq) and clustered by
+    (partition, domain, batch); one row per segment of a partition (as the sink hashes
+    a partition's share: ``sinks.kafka._tally``) with its digest's lanes."""
+    pending: pa.Table | None = None
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        if pending is not None:
+            table = pa.concat_tables([pending, table])
+        if not table.num_rows:
+            continue
+        key = [table.column(c).to_numpy() for c in ("partition", "domain", "batch")]
+        seg = table.column("seq").to_numpy() >> SEGMENT_BITS
+        change = np.zeros(table.num_rows - 1, dtype=bool)
+        for column in (*key, seg):
+            change |= column[1:] != column[:-1]
+        cuts = np.flatnonzero(change) + 1
+        cut = int(cuts[-1]) if len(cuts) else 0
+        pending = table.slice(cut)
+        if cut:
+            yield _share_batch(table.slice(0, cut))
+    if pending is not None and pending.num_rows:
+        yield _share_batch(pending)
+
+
+def _share_batch(data: pa.Table) -> pa.RecordBatch:
+    partition = data.column("partition").to_numpy()
+    runs = np.flatnonzero(partition[1:] != partition[:-1]) + 1
+    bounds = np.concatenate(([0], runs, [len(partition)])).tolist()
+    out: dict[str, list[Any]] = {f.name: [] for f in _SHARE_LANES}
+    for lo, hi in itertools.pairwise(bounds):
+        part = data.slice(lo, hi - lo)
+        domain = part.column("domain").to_numpy()
+        events = pa.RecordBatch.from_arrays([
+            pa.array(domain.view(np.uint64)),
+            pa.array(part.column("batch").to_numpy().view(np.uint64)),
+            pa.array(part.column("seq").to_numpy().astype(np.uint32)),
+            *(part.column(c).combine_chunks().cast(EVENT_SCHEMA.field(c).type)
+              for c in ("table", "row", "column", "old", "new")),
+        ], schema=EVENT_SCHEMA)
+        starts, digests = segment_digest_array(events)
+        lanes = np.frombuffer(digests, dtype="<u4").reshape(len(starts), 8)
+        epoch = part.column("epoch").to_numpy(zero_copy_only=False)[starts]
+        out["partition"] += [int(partition[lo])] * len(starts)
+        out["domain"] += domain[starts].tolist()
+        out["epoch"] += epoch.astype(np.int64).tolist()
+        for i in range(8):
+            out[f"l{i}"] += lanes[:, i].astype(np.int64).tolist()
+    return pa.RecordBatch.from_pydict(out, schema=_SHARE_LANES)
+
+
+def share_failures(events: DataFrame, expected: DataFrame) -> DataFrame:
+    """(``domain``, ``epoch``, ``q``, ``message``) of every partition's share of a
+    verified epoch whose events (``events``: KIND_EVENT rows with ``partition``, placed,
+    kept before the partition's marker) differ from its marker in count, per-table
+    counts or setsum, as the Python consumer checks each partition (all aggregates)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from sinks import SETSUM_PRIMES
+
+    mine = (events.filter(F.col("epoch").isNotNull())
+            .dropDuplicates(["partition", "domain", "batch", "seq"]))
+    per_table = mine.groupBy("partition", "domain", "epoch", "table").agg(
+        F.count("*").alias("events"))
+    found = per_table.groupBy("partition", "domain", "epoch").agg(
+        F.sum("events").alias("events"),
+        F.array_sort(F.collect_list(F.struct("table", "events"))).alias("tables"))
+    lanes = [f"l{i}" for i in range(8)]
+    sums = (mine.select("partition", "domain", "batch", "seq", "epoch", "table", "row",
+                        "column", "old", "new")
+            .repartition("partition", "domain", "batch")
+            .sortWithinPartitions("partition", "domain", "batch", "seq")
+            .mapInArrow(_share_lanes, from_arrow_schema(_SHARE_LANES))
+            .groupBy("partition", "domain", "epoch").agg(*(F.sum(c).alias(c) for c in lanes)))
+    keys = ["partition", "domain", "epoch"]
+    joined = (expected.join(found, keys, "left").join(sums, keys, "left")
+              .fillna(0, ["events", *lanes]))
+    setsum_ok = F.lit(True)
+    for i, prime in enumerate(SETSUM_PRIMES):
+        setsum_ok = setsum_ok & (F.pmod(F.col(f"l{i}"), F.lit(prime)) == F.col(f"e{i}"))
+    tables = F.coalesce(F.col("tables"), F.array().cast(expected.schema["expected_tables"]
+                                                         .dataType))
+    where = F.concat(F.lit("partition "), F.col("partition").cast("string"), F.lit(": "))
+    message = (
+        F.when(F.col("events") != F.col("expected_events"), F.concat(
+            where, F.lit("it holds "), F.col("events").cast("string"),
+            F.lit(" events of this epoch before its marker, the marker says "),
+            F.col("expected_events").cast("string")))
+        .when(tables != F.col("expected_tables"), F.concat(
+            where, F.lit("per-table counts "), tables.cast("string"),
+            F.lit(" differ from the marker's "), F.col("expected_tables").cast("string")))
+        .when(~setsum_ok, F.concat(
+            where, F.lit("setsum of its events of this epoch differs from its marker's "),
+            F.col("setsum"), F.lit(" (the marker or an event was altered)"))))
+    return joined.select("domain", "epoch", "q", message.alias("message")).filter(
+        F.col("message").isNotNull())

@@ -92,16 +92,19 @@ def applied_frontier(spark: SparkSession, path: str, format: Format = "delta",
 
 def write_changesets(replay: LogReplay, path: str, *, format: Format = "delta",
                      end: str | Position | Frontier | None = None,
-                     style: ChangeStyle = "before_after", exact: bool = False) -> int:
+                     style: ChangeStyle = "before_after", exact: bool = False,
+                     since: Frontier | None = None) -> int:
     """Append the changesets after what the table at ``path`` holds, up to ``end``
     (``style``, ``exact``: see ``LogReplay.changesets``; keep one style per table).
+    ``since``: where the table is, when the caller knows it better than the table's
+    last rows say (a stream resumed at the frontier its last micro-batch wrote up to).
 
     Returns the number of rows written (0 when the table is already there).
     """
     _check_format(format)
     spark = replay.spark
     # Step 1. Where the table is: its last quiescence point per domain.
-    start = applied_frontier(spark, path, format, replay)
+    start = since if since is not None else applied_frontier(spark, path, format, replay)
     # Step 2. What comes after (verified; raises InconsistentLog before writing).
     rows = replay.changesets(start if len(start.positions) else None, end, style=style,
                               exact=exact)

@@ -34,6 +34,7 @@ from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
 from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
 from replay.spark._cells import CELL_ROWS, KIND_CELL, KIND_COUNT, KIND_RESET, walk_cells
+from replay.spark._checkpoint import Compacted, Resumed
 from replay.spark._decode import (
     EVENT_ROWS,
     FRAGMENTS,
@@ -49,14 +50,19 @@ from replay.spark._errors import executor_errors
 from replay.spark._frames import CELL, absent, as_unsigned, spark_schema, table_frame
 from replay.spark._kafka import (
     KAFKA_SCHEME,
+    SHARES,
     KafkaTopic,
     MarkerOffsets,
     kafka_metadata,
     kafka_rows,
     open_topic,
+    share_columns,
+    share_failures,
     vouched_epochs,
+    vouched_shares,
 )
 from replay.spark._source import LogSource, list_fragments
+from sequencer import EpochRecord
 from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
 
@@ -116,6 +122,9 @@ class LogReplay:
     written by ``KafkaSink`` (``kafka://host:port/topic``, in ``encoding`` ``native``
     or ``debezium``; read up to where its partitions ended when it was opened).
 
+    ``resume``: start from a point a stream's previous micro-batch saved (its cells and
+    the records from an offset, ``_stream``) instead of the log's start.
+
     Reading happens on first use and is cached in the session (``unpersist()`` frees
     it). The module functions ``events``, ``verify``, ``snapshot`` and ``changesets``
     open one of these; open it yourself to ask several questions of one log.
@@ -123,12 +132,16 @@ class LogReplay:
 
     def __init__(self, spark: SparkSession, uri: str, *, prefix: str = "",
                  endpoint_url: str | None = None, progress: Progress = None,
-                 encoding: str = "native") -> None:
+                 encoding: str = "native", resume: Resumed | None = None) -> None:
         self.spark = spark
         self.uri = uri
         self._progress = progress
         self._persisted: list[DataFrame] = []
         self._markers: MarkerOffsets = {}
+        self._compacted: Compacted | Resumed | None = None
+        # (domain, epoch) -> offset of each quiescence point's record (pass 1; _stream)
+        self.quiescent_offsets: dict[tuple[int, int], int] = {}
+        self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
             self.source = open_topic(uri, encoding)
@@ -138,7 +151,16 @@ class LogReplay:
         if encoding != "native":
             raise ValueError(f"encoding={encoding!r} is for Kafka topics; {uri!r} is a "
                              "wal3 log")
-        self.source = list_fragments(uri, prefix, endpoint_url)
+        if resume is not None:  # a stream's micro-batch, where the previous one saved
+            self.source = list_fragments(uri, prefix, endpoint_url, begin=resume.begin)
+            self._compacted = resume
+        else:
+            self.source = list_fragments(uri, prefix, endpoint_url)
+        if self.source.deltas:  # a collected log: start from its checkpoint (_checkpoint)
+            self._compacted = Compacted(self.source.deltas)
+            self._say(f"collected log: starting from its checkpoint and "
+                      f"{len(self.source.deltas) - 1} stripe(s), records from offset "
+                      f"{self.source.begin}")
         self._say(f"manifest lists {len(self.source.fragments)} fragments "
                   f"(records up to offset {self.source.next_offset})")
 
@@ -165,15 +187,19 @@ class LogReplay:
             with executor_errors():
                 markers, chunks = kafka_metadata(self.spark, s)
             records, self._markers = vouched_epochs(markers, s.partitions)
+            self._shares = vouched_shares(markers, records)
         else:
             with executor_errors():
                 rows = self._fragments.mapInArrow(
                     metadata_rows(s.uri, s.prefix, s.endpoint_url),
                     spark_schema(METADATA_ROWS)).collect()
             records, chunks = decode_metadata(
-                (int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
-                 r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"])))
-        table = build_epoch_table(records)
+                ((int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
+                  r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"]))),
+                self.quiescent_offsets)
+        c = self._compacted
+        table = (build_epoch_table(records) if c is None
+                 else build_epoch_table(records, c.starts(), c.retained()))
         baselines = build_baselines(chunks, table.intervals)
         self._say(f"{sum(map(len, table.epochs.values()))} epochs in "
                   f"{len(table.epochs)} domain(s), "
@@ -302,8 +328,10 @@ class LogReplay:
         chunk covers the cell's row without listing it); ``fq``: the point of the cell's
         chunk in its domain's first baseline (its events up to there are forgiven a
         broken chain: the store held values before the agent). None: no baselines."""
+        state = None if self._compacted is None else self._compacted.resets(
+            self.spark, self._complete.select("domain", *CELL).distinct())
         if not self.baselines:
-            return None
+            return state
         listed = (self._rows.filter(F.col("kind") == KIND_BASELINE)
                   .select("domain", F.col("q"), *CELL, F.col("new").alias("reset")))
         cells = (self._complete.select("domain", *CELL)
@@ -317,7 +345,8 @@ class LogReplay:
             F.max("reset").alias("reset"))  # a listed value beats the implied ABSENT
         first = (covers.filter("first").join(cells, ["domain", "table", "row"])
                  .select("domain", *CELL, F.col("cq").alias("fq")))
-        return resets.join(first, ["domain", *CELL], "left")
+        resets = resets.join(first, ["domain", *CELL], "left")
+        return resets if state is None else resets.unionByName(state)
 
     @cached_property
     def _walked(self) -> DataFrame:
@@ -352,6 +381,19 @@ class LogReplay:
             "domain", "q", "epoch", *CELL, "changed", "before", "after", "why", "forgiven")
 
     @cached_property
+    def _share_failures(self) -> DataFrame:
+        """A topic's partition shares of verified epochs that differ from their marker."""
+        qs = {}
+        for domain_id, index in self.epochs.index().domains.items():
+            qs.update({(domain_id, int(e)): int(q) for e, q in zip(
+                index.seqs.tolist(), index.q.tolist(), strict=True)})
+        shares = [p for p in self._shares
+                  if qs.get((p.domain_id, p.epoch_seq), -1) >= 0 and p.stream is not None]
+        expected = table_frame(self.spark, SHARES, share_columns(
+            shares, lambda d, e: qs[(d, e)]))
+        return share_failures(self._rows.filter(F.col("kind") == KIND_EVENT), expected)
+
+    @cached_property
     def _failures(self) -> dict[int, list[_Failure]]:
         """The first failure of each domain (by interval) that a baseline forgives and
         the first that it does not, found in one Spark job."""
@@ -376,6 +418,8 @@ class LogReplay:
             "domain", "epoch", "q", F.lit(
                 "two different copies of one segment (batch, seq) were delivered: an "
                 "event was altered").alias("message"))
+        if isinstance(self.source, KafkaTopic):  # each partition's share, as Python does
+            segment_bad = segment_bad.unionByName(self._share_failures)
         no_cell = [F.lit(None).cast("string").alias("table"),
                    F.lit(None).cast("binary").alias("row"),
                    F.lit(None).cast("string").alias("column")]
@@ -477,6 +521,8 @@ class LogReplay:
             if p.domain_id not in self.epochs.epochs:
                 raise ValueError(f"position {p} names domain {p.domain_id:016x}, which this "
                                  f"log does not hold")
+            if self._compacted is not None:
+                self._compacted.check_point(p)
             last[p.domain_id] = self.epochs.position(p.domain_id, p.epoch_seq)
         return Frontier.of(last.values())
 
@@ -505,7 +551,8 @@ class LogReplay:
                     break
                 if failure.forgiven and whole is not None and 0 <= whole <= limit:
                     continue
-                behind = len(self.epochs.epochs[d]) - failure.epoch_seq
+                known = self.epochs.epochs[d]
+                behind = (known[-1].epoch_seq if known else 0) - failure.epoch_seq
                 if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
                     raise failure.error()
                 limit = max((q for q in points if q < failure.q), default=None)
@@ -577,6 +624,8 @@ class LogReplay:
             raise ValueError(f"style {style!r}: use 'before_after' or 'delta'")
         until = self.frontier(end, fill=not exact)
         since = _frontier(start)
+        if since is not None and self._compacted is not None:
+            self.frontier(since, fill=False)  # refuse a point compacted away
         self._check_whole(until)
         if since is not None:
             self._check_whole(Frontier.of(

@@ -15,8 +15,16 @@ Two parts:
   crash writes nothing twice, because the table itself says how far it got. So a
   restarted query neither skips nor repeats an interval.
 
-Each micro-batch replays the log so far in Spark (``LogReplay``): simple and verified,
-at a cost that grows with the log (use a trigger interval to match).
+Each micro-batch reads only what is new. After writing up to frontier ``W`` it saves,
+under the query's checkpoint folder (``cdc_agent_resume/<batch id>/``), the cells at
+``W`` (Parquet) and the offset from which every record of a later interval is in the
+log (the lowest offset of an event after ``W`` or of ``W``'s quiescence record), with
+its ``meta`` written last. The next micro-batch (or a restarted query) resumes from it
+(``replay.spark._checkpoint.Resumed``): those cells stand at ``W``, only the records
+from that offset are read and verified. It resumes only if the table holds nothing
+after ``W`` (a micro-batch that wrote but crashed before saving leaves rows after the
+saved ``W``): otherwise, and for a log with baselines or a collected log, it replays
+the log from the start, as before.
 """
 
 from __future__ import annotations
@@ -34,10 +42,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from replay.spark._checkpoint import Resumed
     from replay.spark._output import Format
-    from replay.spark._replay import ChangeStyle
+    from replay.spark._replay import ChangeStyle, LogReplay
 
-__all__ = ["POINTS_SCHEMA", "QuiescencePoints", "stream_changesets"]
+__all__ = ["POINTS_SCHEMA", "QuiescencePoints", "load_resume", "save_resume",
+           "stream_changesets"]
 
 SOURCE_NAME: Final = "cdc_agent_points"
 POINTS_SCHEMA: Final = StructType([
@@ -46,6 +56,8 @@ POINTS_SCHEMA: Final = StructType([
 ])
 _KINDS_EPOCH: Final = (0x02, 0x04)  # sinks.codec: EPOCH (one record), EPOCHS (a run)
 _KIND_SNAPSHOT: Final = 0x03
+RESUME_FOLDER: Final = "cdc_agent_resume"
+_KEEP_SAVED: Final = 2  # saved points kept (the newest, and the one before)
 
 
 @dataclass
@@ -177,17 +189,19 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                       format: Format = "delta", style: ChangeStyle = "before_after",
                       prefix: str = "", endpoint_url: str | None = None,
                       interval: str = "10 seconds",
-                      on_batch: Callable[[int, int], None] | None = None) -> StreamingQuery:
+                      on_batch: Callable[[int, int], None] | None = None,
+                      progress: Callable[[str], None] | None = None) -> StreamingQuery:
     """Start a query that keeps the changeset table at ``path`` up to date with the log.
 
     Each micro-batch ends at a frontier of quiescence points (offsets checkpointed in
     ``checkpoint``) and appends the verified changesets up to it (``write_changesets``).
-    ``on_batch(batch_id, rows)`` is called after each micro-batch is written.
+    ``on_batch(batch_id, rows)`` is called after each micro-batch is written;
+    ``progress(text)`` hears where each micro-batch starts (resumed or from scratch).
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
     from replay.spark._kafka import KAFKA_SCHEME
-    from replay.spark._output import write_changesets
+    from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
 
     if uri.startswith(KAFKA_SCHEME):
@@ -200,15 +214,98 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
         end = Frontier.of([Position.parse(r["_position"]) for r in rows])
         if not len(end.positions):
             return
-        replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
+        resume = load_resume(spark, saved, applied_frontier(spark, path, format))
+        replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
+                           resume=resume)
+        if progress is not None:
+            progress(f"micro-batch {batch_id}: " + (
+                "from the start of the log" if resume is None else
+                f"resumed at {Frontier.of(resume.frontier.values())}, records from offset "
+                f"{resume.begin}"))
         try:
-            written = write_changesets(replay, path, format=format, style=style,
-                                       end=replay.settle(end), exact=True)
+            until = replay.settle(end)
+            written = write_changesets(
+                replay, path, format=format, style=style, end=until, exact=True,
+                since=None if resume is None else Frontier.of(resume.frontier.values()))
+            save_resume(replay, saved, batch_id, until)
         finally:
             replay.unpersist()
         if on_batch is not None:
             on_batch(batch_id, written)
 
+    saved = checkpoint.rstrip("/") + "/" + RESUME_FOLDER
     return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
             .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
             .trigger(processingTime=interval).start())
+
+
+# -- resuming a micro-batch where the previous one saved ----------------------------------
+
+def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) -> bool:
+    """Save where a replay that wrote up to ``until`` can be resumed (see the module's
+    docstring); False when it cannot be: a domain left out of ``until``, baselines, a
+    collected log (those replay from the start)."""
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    from replay.spark._checkpoint import Resumed
+    from replay.spark._decode import KIND_EVENT, KIND_SEGMENT
+    from replay.spark._frames import CELL, as_unsigned
+    from replay.spark._output import _fs
+    from replay.spark._source import LogSource
+
+    source = replay.source
+    resumed = replay._compacted if isinstance(replay._compacted, Resumed) else None
+    if (not isinstance(source, LogSource) or source.deltas or replay.baselines
+            or {p.domain_id for p in until} != set(replay.epochs.epochs)):
+        return False
+    starts = []
+    pending = F.lit(False)
+    for p in until:
+        offset = replay.quiescent_offsets.get((p.domain_id, p.epoch_seq))
+        if offset is None:  # the point it resumed at: nothing of the domain came since
+            if resumed is None or resumed.frontier.get(p.domain_id) != p:
+                return False
+            offset = resumed.begin
+        starts.append(offset)
+        domain = p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
+        pending = pending | ((F.col("domain") == F.lit(domain)) & (
+            (F.col("q") > F.lit(p.epoch_seq))
+            | (F.col("q").isNull() & (as_unsigned(F.col("batch")) >= F.lit(Decimal(p.end_id))))))
+    rows = replay._rows.filter(F.col("kind").isin(KIND_EVENT, KIND_SEGMENT) & pending)
+    first = rows.agg(F.min("offset")).collect()[0][0]
+    begin = min([*starts, *([] if first is None else [int(first)])])
+    spark = replay.spark
+    here = f"{folder}/{batch_id:012d}"
+    replay._state_at(until).select("_domain", *CELL, "value").write.mode(
+        "overwrite").parquet(here + "/cells")
+    spark.createDataFrame([(str(until), begin)], "frontier string, begin long").write.mode(
+        "overwrite").parquet(here + "/meta")  # last: the point is saved once this is
+    fs, root = _fs(spark, folder)
+    names = sorted(s.getPath().getName() for s in fs.listStatus(root))
+    for name in names[:-_KEEP_SAVED]:
+        fs.delete(root.suffix("/" + name), True)
+    return True
+
+
+def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed | None:
+    """The newest saved point, if the changeset table (at ``applied``: each domain's
+    last written point) holds nothing after it; else None (replay from the start)."""
+    from replay.spark._checkpoint import Resumed
+    from replay.spark._output import _exists, _fs
+
+    fs, root = _fs(spark, folder)
+    if not fs.exists(root):
+        return None
+    names = sorted((s.getPath().getName() for s in fs.listStatus(root)), reverse=True)
+    for name in names:
+        here = f"{folder}/{name}"
+        if not _exists(spark, here + "/meta/_SUCCESS"):
+            continue  # a save cut short: the one before may still fit
+        row = spark.read.parquet(here + "/meta").collect()[0]
+        frontier = {p.domain_id: p for p in Frontier.parse(row["frontier"])}
+        fits = all(p.domain_id in frontier and p.epoch_seq <= frontier[p.domain_id].epoch_seq
+                   for p in applied)
+        return Resumed(frontier, int(row["begin"]), here + "/cells") if fits else None
+    return None

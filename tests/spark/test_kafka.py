@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from sinks.codec import (
     NATIVE_MAGIC,
     decode,
     decode_native_event,
+    encode_epoch,
     encode_value,
 )
 from sinks.kafka import KafkaSink
@@ -226,6 +228,34 @@ def _marker_gone(ms: list[Message]) -> list[Message]:
     return ms[:i] + ms[i + 1:]
 
 
+def _share_marker(ms: list[Message], change: Callable[[EpochRecord], EpochRecord]
+                  ) -> list[Message]:
+    """One partition's own marker record changed (its whole record and every event
+    intact): the share it claims no longer matches what the partition holds."""
+    for i, m in enumerate(ms):
+        if not _is_marker(m) or _whole(m).epoch_seq < 3:
+            continue
+        part = decode(dict(m[3])[HEADER_PARTITION])
+        assert isinstance(part, EpochRecord)
+        if part.event_count >= 2 and part.table_counts:
+            raw = encode_epoch(change(part))
+            headers = [(n, raw if n == HEADER_PARTITION else v) for n, v in m[3]]
+            return [*ms[:i], (m[0], m[1], raw, headers), *ms[i + 1:]]
+    raise AssertionError("no marker with events")
+
+
+def _share_setsum(ms: list[Message]) -> list[Message]:
+    return _share_marker(ms, lambda r: replace(r, setsum=f"{int(r.setsum, 16) ^ 1:064x}"))
+
+
+def _share_tables(ms: list[Message]) -> list[Message]:
+    def moved(r: EpochRecord) -> EpochRecord:
+        (table, n), *rest = r.table_counts
+        counts = [(table, n - 1), *rest] if n > 1 else list(rest)
+        return replace(r, table_counts=tuple(sorted([*counts, ("zz_elsewhere", 1)])))
+    return _share_marker(ms, moved)
+
+
 def _foreign(ms: list[Message]) -> list[Message]:
     return [*ms[:3], (ms[0][0], b"k", b"not a cdc-agent record", None), *ms[3:]]
 
@@ -242,6 +272,8 @@ def _python_result(bootstrap: str, topic: str) -> dict[tuple[int, int], dict[Any
     (_late, "events of this epoch"),
     (_marker_gone, "skips from epoch"),
     (_foreign, "not a cdc-agent native record"),
+    (_share_setsum, "partition .: setsum of its events"),
+    (_share_tables, "partition .: per-table counts"),
 ])
 def test_damaged_topic_is_refused_or_harmless(
         spark: Any, kafka_broker: KafkaBroker, native: Logged,
