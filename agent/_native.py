@@ -93,14 +93,16 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
     return transpose, None
 
 
-SegmentDigests = Callable[[int, np.ndarray, np.ndarray, np.ndarray, tuple[Any, ...],
-                           tuple[Any, ...]], bytes]
+# sha3_segments(bounds, domains, batches, seqs, ((offsets, values) x 5)) -> digests
+SegmentDigests = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[Any, ...]],
+                          bytes]
 
 
 def segment_digests_helper() -> SegmentDigests | None:
-    """``sequencer._native.segment_digests`` (each segment's setsum item built and hashed
-    in C), or None: the shipper then uses ``sinks.codec.segment_digest_array``."""
+    """``sequencer._native.sha3_segments`` (each segment's setsum item built and hashed
+    in C; replay uses it too), or None: the shipper then uses
+    ``sinks.codec.segment_digest_array``."""
     if native_in_use():
         assert sequencer.NATIVE is not None
-        return sequencer.NATIVE.segment_digests  # type: ignore[no-any-return]
+        return sequencer.NATIVE.sha3_segments  # type: ignore[no-any-return]
     return None

@@ -434,16 +434,21 @@ def _to_arrow(domain_id: int, segments: list[_BatchItem],
 _ITEM_COLUMNS: Final = (3, 4, 5, 6, 7)
 
 
-def _native_digests(segment_digests: SegmentDigests, domain_id: int, batch_ids: np.ndarray,
+def _native_digests(sha3_segments: SegmentDigests, domain_id: int, batch_ids: np.ndarray,
                     lengths: np.ndarray, data: pa.RecordBatch) -> bytes:
     """Each segment's setsum digest (``sinks.codec``'s item layout), by the C helper:
-    one segment per queue item, so the segments are known and nothing is searched."""
+    one segment per queue item, so the segments are known and nothing is searched
+    (bounds: the lengths' running sums; one domain for all)."""
     n = data.num_rows
-    offsets, values = [], []
+    columns = []
     for k in _ITEM_COLUMNS:
         column = data.column(k)
         buffers = column.buffers()
-        offsets.append(np.frombuffer(buffers[1], np.int32, n + 1, column.offset * 4))
-        values.append(buffers[2] if buffers[2] is not None else b"")
-    return segment_digests(domain_id, batch_ids, np.ascontiguousarray(lengths, np.int64),
-                           data.column(2).to_numpy(), tuple(offsets), tuple(values))
+        columns.append((np.frombuffer(buffers[1], np.int32, n + 1, column.offset * 4),
+                        buffers[2] if buffers[2] is not None else b""))
+    bounds = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return sha3_segments(bounds, np.full(len(lengths), domain_id, np.uint64),
+                         np.ascontiguousarray(batch_ids, np.uint64),
+                         np.ascontiguousarray(data.column(2).to_numpy(), np.uint32),
+                         tuple(columns))

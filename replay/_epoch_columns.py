@@ -286,14 +286,14 @@ def first_setsum_fault(columns: EpochColumns, data: pa.Table | pa.RecordBatch,
 _SEGMENT_TYPES: Final = (pa.binary(), pa.utf8())
 # Segments this short on average go to sha3_segments: per-call costs dominate there. For
 # longer items hashlib (OpenSSL) hashes a block faster than the C Keccak (measured: 0.36
-# vs 0.94 us per 136-byte block; 0.45 with the unrolled Keccak of the capture branch).
+# vs 0.94 us per 136-byte block; 0.45 with the unrolled Keccak, now the only one).
 _C_ROWS_PER_SEGMENT: Final = 4
 
 
 def segment_digests_at(data: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, bytes]:
     """``sinks.codec.segment_digest_array(data)``: the row each segment starts at and
     the segments' SHA3 digests. With the C extension, every item is built and hashed
-    in one call (``sequencer.NATIVE.sha3_segments``: no item is built in memory), the
+    in one call (``sequencer.NATIVE.sha3_segments``, which the shipper uses too), the
     same bytes hashed as the codec's."""
     if isinstance(data, pa.Table):
         data = (data.combine_chunks().to_batches()[0] if data.num_rows

@@ -1453,65 +1453,12 @@ done:
     return result;
 }
 
-/* ---- replay: a run's segment digests, items built in C (replay/_epoch_columns.py) ----- */
+/* ---- segment digests: the setsum items of many segments, built and hashed here -------- */
 
-/* A SHA3-256 sponge fed piece by piece (a segment's item is never built in memory). */
-typedef struct {
-    uint64_t a[25];
-    unsigned char block[SHA3_256_RATE];
-    size_t fill;
-} Sponge;
-
-static void
-sponge_block(Sponge *sp)
-{
-    for (int i = 0; i < SHA3_256_RATE / 8; i++)
-        sp->a[i] ^= load64(sp->block + 8 * i);
-    keccak_f1600(sp->a);
-    sp->fill = 0;
-}
-
-static void
-sponge_absorb(Sponge *sp, const unsigned char *p, size_t len)
-{
-    while (len) {
-        size_t take = SHA3_256_RATE - sp->fill;
-        if (take > len)
-            take = len;
-        memcpy(sp->block + sp->fill, p, take);
-        sp->fill += take;
-        p += take;
-        len -= take;
-        if (sp->fill == SHA3_256_RATE)
-            sponge_block(sp);
-    }
-}
-
-static void
-sponge_be(Sponge *sp, uint64_t v, int bytes)
-{
-    unsigned char be[8];
-    for (int i = 0; i < bytes; i++)
-        be[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
-    sponge_absorb(sp, be, (size_t)bytes);
-}
-
-static void
-sponge_digest(Sponge *sp, unsigned char out[32])
-{
-    memset(sp->block + sp->fill, 0, SHA3_256_RATE - sp->fill);
-    sp->block[sp->fill] ^= 0x06;  /* as sha3_256 above */
-    sp->block[SHA3_256_RATE - 1] ^= 0x80;
-    sponge_block(sp);
-    for (int i = 0; i < 32; i++)
-        out[i] = (unsigned char)(sp->a[i / 8] >> (8 * (i % 8)));
-}
-
-#define SEGMENT_COLUMNS 5
-
-/* One contiguous array argument: its buffer, checked for item size and length. */
+/* One contiguous array argument: its buffer, checked to hold exactly `count` items of
+ * `itemsize` bytes (itemsize 0: any bytes). */
 static int
-replay_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
+get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
           const char *what)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
@@ -1525,12 +1472,25 @@ replay_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t cou
     return 0;
 }
 
+static void
+put_be(unsigned char *p, uint64_t v, int width)
+{
+    for (int i = width - 1; i >= 0; i--, v >>= 8)
+        p[i] = (unsigned char)v;
+}
+
+#define SEGMENT_COLUMNS 5
+
 /* sha3_segments(bounds, domains, batches, seqs, columns): the SHA3-256 digest of each
- * segment's setsum item (the layout in sinks/codec.py), concatenated. Segment k is rows
- * bounds[k]:bounds[k + 1] (int64, m + 1 of them); domains and batches are m uint64;
- * seqs n uint32; columns five (offsets, values) pairs, offsets n + 1 int32 into the
- * values buffer (Arrow's binary layout) for table, row, column, old, new. Everything
- * is checked before hashing; the GIL is released meanwhile. */
+ * segment's setsum item (sinks.codec's layout: b"CDCSEG1\0", domain u64, batch u64,
+ * n u32, n seqs u32, then per variable column n lengths u32 and the values' bytes,
+ * big-endian), concatenated. Segment k is rows bounds[k]:bounds[k + 1] (int64, m + 1 of
+ * them, from 0, increasing); domains and batches are m uint64; seqs n uint32; columns
+ * five (offsets, values) pairs, offsets n + 1 int32 into the values buffer (Arrow's
+ * binary layout) for table, row, column, old, new. Used by the shipper (one segment per
+ * queue item) and by replay (segments found in a run). Everything is checked before
+ * hashing; each item is built in one scratch buffer (faster than absorbing it field by
+ * field) and hashed with the GIL released. */
 static PyObject *
 sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1542,6 +1502,7 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer views[4 + 2 * SEGMENT_COLUMNS];
     int held = 0;
     PyObject *out = NULL;
+    unsigned char *item = NULL;
     /* bounds first: its length gives m, and n is its last value */
     if (PyObject_GetBuffer(args[0], &views[0], PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -1558,17 +1519,17 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     for (Py_ssize_t k = 0; k < m; k++)
-        if (bounds[k] >= bounds[k + 1]) {
-            PyErr_SetString(PyExc_ValueError, "bounds must increase");
+        if (bounds[k] >= bounds[k + 1] || bounds[k + 1] - bounds[k] > 0xFFFFFFFFLL) {
+            PyErr_SetString(PyExc_ValueError, "bounds must increase (by under 2**32)");
             goto done;
         }
-    if (replay_array(args[1], &views[1], 8, m, "domains") < 0)
+    if (get_array(args[1], &views[1], 8, m, "domains") < 0)
         goto done;
     held = 2;
-    if (replay_array(args[2], &views[2], 8, m, "batches") < 0)
+    if (get_array(args[2], &views[2], 8, m, "batches") < 0)
         goto done;
     held = 3;
-    if (replay_array(args[3], &views[3], 4, n, "seqs") < 0)
+    if (get_array(args[3], &views[3], 4, n, "seqs") < 0)
         goto done;
     held = 4;
     const int32_t *offsets[SEGMENT_COLUMNS];
@@ -1579,14 +1540,14 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "columns: (offsets, values) pairs");
             goto done;
         }
-        if (replay_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
+        if (get_array(PyTuple_GET_ITEM(pair, 0), &views[held], 4, n + 1, "offsets") < 0)
             goto done;
         offsets[c] = (const int32_t *)views[held++].buf;
-        if (replay_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
+        if (get_array(PyTuple_GET_ITEM(pair, 1), &views[held], 0, 0, "values") < 0)
             goto done;
         values[c] = (const unsigned char *)views[held].buf;
         Py_ssize_t size = views[held++].len;
-        const int32_t *o = offsets[c];
+        const int32_t *o = offsets[c];  /* untrusted: every value inside the data */
         if (o[0] < 0 || o[n] > size) {
             PyErr_SetString(PyExc_ValueError, "offsets outside the values buffer");
             goto done;
@@ -1597,36 +1558,53 @@ sha3_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
     }
+    /* The largest item, for one scratch buffer. */
+    size_t biggest = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t lo = bounds[k], hi = bounds[k + 1];
+        size_t size = 28 + 4 * (size_t)(hi - lo) * (1 + SEGMENT_COLUMNS);
+        for (int c = 0; c < SEGMENT_COLUMNS; c++)
+            size += (size_t)(offsets[c][hi] - offsets[c][lo]);
+        if (size > biggest)
+            biggest = size;
+    }
     out = PyBytes_FromStringAndSize(NULL, 32 * m);
-    if (out == NULL)
+    item = out ? PyMem_RawMalloc(biggest ? biggest : 1) : NULL;
+    if (item == NULL) {
+        if (out != NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(out);
         goto done;
+    }
     unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
     const uint64_t *domains = (const uint64_t *)views[1].buf;
     const uint64_t *batches = (const uint64_t *)views[2].buf;
     const uint32_t *seqs = (const uint32_t *)views[3].buf;
-    static const unsigned char MAGIC[8] = {'C', 'D', 'C', 'S', 'E', 'G', '1', 0};
     Py_BEGIN_ALLOW_THREADS
-    Sponge sp;
     for (Py_ssize_t k = 0; k < m; k++) {
         int64_t lo = bounds[k], hi = bounds[k + 1];
-        memset(sp.a, 0, sizeof sp.a);
-        sp.fill = 0;
-        sponge_absorb(&sp, MAGIC, 8);
-        sponge_be(&sp, domains[k], 8);
-        sponge_be(&sp, batches[k], 8);
-        sponge_be(&sp, (uint64_t)(hi - lo), 4);
-        for (int64_t i = lo; i < hi; i++)
-            sponge_be(&sp, seqs[i], 4);
+        unsigned char *p = item;
+        memcpy(p, "CDCSEG1\0", 8);
+        put_be(p + 8, domains[k], 8);
+        put_be(p + 16, batches[k], 8);
+        put_be(p + 24, (uint64_t)(hi - lo), 4);
+        p += 28;
+        for (int64_t i = lo; i < hi; i++, p += 4)
+            put_be(p, seqs[i], 4);
         for (int c = 0; c < SEGMENT_COLUMNS; c++) {
             const int32_t *o = offsets[c];
-            for (int64_t i = lo; i < hi; i++)
-                sponge_be(&sp, (uint64_t)(o[i + 1] - o[i]), 4);
-            sponge_absorb(&sp, values[c] + o[lo], (size_t)(o[hi] - o[lo]));
+            for (int64_t i = lo; i < hi; i++, p += 4)
+                put_be(p, (uint64_t)(o[i + 1] - o[i]), 4);
+            size_t bytes = (size_t)(o[hi] - o[lo]);
+            if (bytes)
+                memcpy(p, values[c] + o[lo], bytes);
+            p += bytes;
         }
-        sponge_digest(&sp, digests + 32 * k);
+        sha3_256(item, (size_t)(p - item), digests + 32 * k);
     }
     Py_END_ALLOW_THREADS
 done:
+    PyMem_RawFree(item);
     for (int i = 0; i < held; i++)
         PyBuffer_Release(&views[i]);
     return out;
@@ -1648,19 +1626,19 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int held = 0;
     PyObject *out = NULL;
     uint64_t *sums = NULL;
-    if (replay_array(args[0], &views[held], 0, 0, "digests") < 0)
+    if (get_array(args[0], &views[held], 0, 0, "digests") < 0)
         goto done;
     Py_ssize_t m = views[held++].len / 32;
-    if (replay_array(args[3], &views[held], 0, 0, "kinds") < 0)
+    if (get_array(args[3], &views[held], 0, 0, "kinds") < 0)
         goto done;
     Py_ssize_t n = views[held++].len;
     if (views[1].itemsize != 1) {
         PyErr_SetString(PyExc_ValueError, "kinds: int8 expected");
         goto done;
     }
-    if (replay_array(args[1], &views[held++], 8, m, "owner") < 0
-        || replay_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
-        || replay_array(args[4], &views[held++], 8, 8, "primes") < 0)
+    if (get_array(args[1], &views[held++], 8, m, "owner") < 0
+        || get_array(args[2], &views[held++], 4, 8 * n, "lanes") < 0
+        || get_array(args[4], &views[held++], 8, 8, "primes") < 0)
         goto done;
     const unsigned char *digests = (const unsigned char *)views[0].buf;
     const signed char *kinds = (const signed char *)views[1].buf;
@@ -1753,153 +1731,6 @@ done:
     return out;
 }
 
-/* ---- segment_digests: the setsum items of many segments, built and hashed here ------- */
-
-static void
-put_be(unsigned char *p, uint64_t v, int width)
-{
-    for (int i = width - 1; i >= 0; i--, v >>= 8)
-        p[i] = (unsigned char)v;
-}
-
-/* One buffer argument, checked: `count` items of `itemsize` bytes at least. */
-static int
-get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count,
-          const char *what)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    if (view->len < itemsize * count) {
-        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zd needed", what, view->len,
-                     itemsize * count);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-#define VAR_COLUMNS 5
-
-/* segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): the SHA3-256 of
- * every segment's setsum item (sinks.codec's layout: b"CDCSEG1\0", domain u64, batch
- * u64, n u32, n seqs u32, then per variable column n lengths u32 and the values' bytes,
- * big-endian), concatenated. batch_ids: uint64 per segment; lengths: int64 per segment
- * (events, contiguous); seqs: uint32 per event; offsets and values: five each, for the
- * columns table, row, column, old, new (an Arrow binary column's int32 offsets, n + 1 of
- * them, and its data buffer). The GIL is released while items are built and hashed. */
-static PyObject *
-segment_digests(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 6 || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])
-        || PyTuple_GET_SIZE(args[4]) != VAR_COLUMNS
-        || PyTuple_GET_SIZE(args[5]) != VAR_COLUMNS) {
-        PyErr_SetString(PyExc_TypeError, "segment_digests(domain_id, batch_ids, lengths, "
-                        "seqs, offsets: 5-tuple, values: 5-tuple)");
-        return NULL;
-    }
-    uint64_t domain;
-    if (as_u64(args[0], &domain) < 0)
-        return NULL;
-    Py_buffer views[4 + 2 * VAR_COLUMNS];
-    int held = 0;
-    PyObject *out = NULL;
-    unsigned char *item = NULL;
-    Py_buffer *batches = &views[0], *lengths = &views[1], *seqs = &views[2];
-    if (PyObject_GetBuffer(args[1], batches, PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    held++;
-    Py_ssize_t m = batches->len / 8;
-    if (get_array(args[2], lengths, 8, m, "lengths") < 0)
-        goto done;
-    held++;
-    const int64_t *len_at = (const int64_t *)lengths->buf;
-    Py_ssize_t n = 0;
-    for (Py_ssize_t k = 0; k < m; k++) {
-        if (len_at[k] < 0 || len_at[k] > 0xFFFFFFFFLL) {
-            PyErr_Format(PyExc_ValueError, "segment %zd has %lld events", k,
-                         (long long)len_at[k]);
-            goto done;
-        }
-        n += (Py_ssize_t)len_at[k];
-    }
-    if (get_array(args[3], seqs, 4, n, "seqs") < 0)
-        goto done;
-    held++;
-    const int32_t *offs[VAR_COLUMNS];
-    const unsigned char *vals[VAR_COLUMNS];
-    for (int c = 0; c < VAR_COLUMNS; c++) {
-        Py_buffer *o = &views[3 + 2 * c], *v = &views[4 + 2 * c];
-        if (get_array(PyTuple_GET_ITEM(args[4], c), o, 4, n + 1, "offsets") < 0)
-            goto done;
-        held++;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args[5], c), v, PyBUF_SIMPLE) < 0)
-            goto done;
-        held++;
-        offs[c] = (const int32_t *)o->buf;
-        vals[c] = (const unsigned char *)v->buf;
-        for (Py_ssize_t i = 0; i < n; i++)  /* untrusted: every value inside the data */
-            if (offs[c][i] < 0 || offs[c][i] > offs[c][i + 1] || offs[c][i + 1] > v->len) {
-                PyErr_Format(PyExc_ValueError, "column %d: value %zd [%d, %d) is not inside "
-                             "its %zd bytes of data", c, i, offs[c][i], offs[c][i + 1], v->len);
-                goto done;
-            }
-    }
-    /* The largest item, for one scratch buffer. */
-    size_t biggest = 0;
-    Py_ssize_t at = 0;
-    for (Py_ssize_t k = 0; k < m; k++) {
-        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
-        size_t size = 28 + 4 * (size_t)(e - at) * (1 + VAR_COLUMNS);
-        for (int c = 0; c < VAR_COLUMNS; c++)
-            size += (size_t)(offs[c][e] - offs[c][at]);
-        if (size > biggest)
-            biggest = size;
-        at = e;
-    }
-    out = PyBytes_FromStringAndSize(NULL, 32 * m);
-    item = out ? PyMem_RawMalloc(biggest ? biggest : 1) : NULL;
-    if (item == NULL) {
-        if (out != NULL)
-            PyErr_NoMemory();
-        Py_CLEAR(out);
-        goto done;
-    }
-    unsigned char *digests = (unsigned char *)PyBytes_AS_STRING(out);
-    const uint64_t *batch_at = (const uint64_t *)batches->buf;
-    const uint32_t *seq_at = (const uint32_t *)seqs->buf;
-    Py_BEGIN_ALLOW_THREADS
-    at = 0;
-    for (Py_ssize_t k = 0; k < m; k++) {
-        Py_ssize_t e = at + (Py_ssize_t)len_at[k];
-        unsigned char *p = item;
-        memcpy(p, "CDCSEG1\0", 8);
-        put_be(p + 8, domain, 8);
-        put_be(p + 16, batch_at[k], 8);
-        put_be(p + 24, (uint64_t)(e - at), 4);
-        p += 28;
-        for (Py_ssize_t i = at; i < e; i++, p += 4)
-            put_be(p, seq_at[i], 4);
-        for (int c = 0; c < VAR_COLUMNS; c++) {
-            const int32_t *o = offs[c];
-            for (Py_ssize_t i = at; i < e; i++, p += 4)
-                put_be(p, (uint64_t)(o[i + 1] - o[i]), 4);
-            size_t bytes = (size_t)(o[e] - o[at]);
-            if (bytes)
-                memcpy(p, vals[c] + o[at], bytes);
-            p += bytes;
-        }
-        sha3_256(item, (size_t)(p - item), digests + 32 * k);
-        at = e;
-    }
-    Py_END_ALLOW_THREADS
-done:
-    PyMem_RawFree(item);
-    for (int i = 0; i < held; i++)
-        PyBuffer_Release(&views[i]);
-    return out;
-}
-
-
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1917,9 +1748,6 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
-    {"segment_digests", (PyCFunction)(void (*)(void))segment_digests, METH_FASTCALL,
-     "segment_digests(domain_id, batch_ids, lengths, seqs, offsets, values): every "
-     "segment's setsum item digest (sinks.codec's layout), built and hashed in C."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},

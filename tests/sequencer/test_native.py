@@ -319,22 +319,27 @@ def test_native_segment_digests_equal_the_codecs(
         whole, *_ = _to_arrow(domain_id, extra + items, choice.transpose)
         data = whole.slice(skip)
     _starts, expected = segment_digest_array(data)
-    assert _native_digests(native().segment_digests, domain_id, batches, lengths,
+    assert _native_digests(native().sha3_segments, domain_id, batches, lengths,
                            data) == expected
 
 
 def test_native_segment_digests_refuse_inconsistent_buffers() -> None:
+    """The shipper's call shape (cumulative bounds, one domain repeated) is checked as
+    replay's: lengths that overrun the seqs, or a value outside its data, are refused."""
     import numpy as np
 
-    digests = native().segment_digests
-    ok = [np.zeros(2, np.int32)] * 5
-    vals = [b""] * 5
-    u64, one = np.array([5], np.uint64), np.array([1], np.int64)
-    seqs = np.zeros(1, np.uint32)
-    assert len(digests(1, u64, one, seqs, tuple(ok), tuple(vals))) == 32
-    with pytest.raises(ValueError, match="not inside"):
-        digests(1, u64, one, seqs, (np.array([0, 3], np.int32), *ok[1:]), tuple(vals))
-    with pytest.raises(ValueError, match="seqs holds"):
-        digests(1, u64, np.array([2], np.int64), seqs, tuple(ok), tuple(vals))
-    with pytest.raises(TypeError, match="5-tuple"):
-        digests(1, u64, one, seqs, tuple(ok[:4]), tuple(vals))
+    from agent._shipper import _native_digests, _to_arrow
+
+    digests = native().sha3_segments
+    data, lengths, batches, _ = _to_arrow(3, [(5, 0, 0, [("t", 1, "c", "o", "n")], [])],
+                                          choice.transpose)
+    assert len(_native_digests(digests, 3, batches, lengths, data)) == 32
+    with pytest.raises(ValueError, match="seqs: 2 items"):
+        _native_digests(digests, 3, batches, np.array([2], np.int64), data)
+    ok = (np.zeros(2, np.int32), b"")
+    bounds, one, seqs = np.array([0, 1], np.int64), np.array([5], np.uint64), np.zeros(1, np.uint32)
+    with pytest.raises(ValueError, match="outside the values buffer"):
+        digests(bounds, one, one, seqs, ((np.array([0, 3], np.int32), b""), *[ok] * 4))
+    with pytest.raises(ValueError, match="bounds must increase"):
+        digests(np.array([0, 0, 1], np.int64), np.array([5, 5], np.uint64),
+                np.array([5, 5], np.uint64), seqs, (ok,) * 5)
