@@ -474,27 +474,35 @@ def _segment_batch(data: pa.Table) -> pa.RecordBatch:
 
 
 def _segment_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Executor side: events arrive clustered by (domain, batch) and sorted by seq; a
+    """Executor side: events arrive clustered by (domain, batch) and sorted by seq; one
+    row per segment (``_segment_batch``)."""
+    return _whole_segments(batches, ("domain", "batch"), _segment_batch)
+
+
+def _whole_segments(batches: Iterable[pa.RecordBatch], keys: tuple[str, ...],
+                    make: Callable[[pa.Table], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``make`` applied to runs of whole segments: rows clustered by ``keys`` and sorted
+    by seq, a segment being one value of ``keys`` and of ``seq >> SEGMENT_BITS``. A
     segment may straddle two Arrow batches, so the last one waits for the next batch."""
     carry: pa.Table | None = None
     for batch in batches:
         table = pa.Table.from_batches([batch])
         if carry is not None:
             table = pa.concat_tables([carry, table])
-        n = table.num_rows
-        if not n:
+        if not table.num_rows:
             continue
-        domain = table.column("domain").to_numpy()
-        b = table.column("batch").to_numpy()
-        s = table.column("seq").to_numpy() >> SEGMENT_BITS
-        change = np.flatnonzero((domain[1:] != domain[:-1]) | (b[1:] != b[:-1])
-                                | (s[1:] != s[:-1])) + 1
-        cut = int(change[-1]) if len(change) else 0
+        columns = [table.column(c).to_numpy() for c in keys]
+        columns.append(table.column("seq").to_numpy() >> SEGMENT_BITS)
+        change = np.zeros(table.num_rows - 1, dtype=bool)
+        for column in columns:
+            change |= column[1:] != column[:-1]
+        cuts = np.flatnonzero(change) + 1
+        cut = int(cuts[-1]) if len(cuts) else 0
         carry = table.slice(cut)
         if cut:
-            yield _segment_batch(table.slice(0, cut))
+            yield make(table.slice(0, cut))
     if carry is not None and carry.num_rows:
-        yield _segment_batch(carry)
+        yield make(carry)
 
 
 def kafka_rows(spark: SparkSession, topic: KafkaTopic, index: EpochIndex,
@@ -576,25 +584,7 @@ def _share_lanes(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Executor side: events sorted by (partition, domain, batch, seq) and clustered by
     (partition, domain, batch); one row per segment of a partition (as the sink hashes
     a partition's share: ``sinks.kafka._tally``) with its digest's lanes."""
-    pending: pa.Table | None = None
-    for batch in batches:
-        table = pa.Table.from_batches([batch])
-        if pending is not None:
-            table = pa.concat_tables([pending, table])
-        if not table.num_rows:
-            continue
-        key = [table.column(c).to_numpy() for c in ("partition", "domain", "batch")]
-        seg = table.column("seq").to_numpy() >> SEGMENT_BITS
-        change = np.zeros(table.num_rows - 1, dtype=bool)
-        for column in (*key, seg):
-            change |= column[1:] != column[:-1]
-        cuts = np.flatnonzero(change) + 1
-        cut = int(cuts[-1]) if len(cuts) else 0
-        pending = table.slice(cut)
-        if cut:
-            yield _share_batch(table.slice(0, cut))
-    if pending is not None and pending.num_rows:
-        yield _share_batch(pending)
+    return _whole_segments(batches, ("partition", "domain", "batch"), _share_batch)
 
 
 def _share_batch(data: pa.Table) -> pa.RecordBatch:

@@ -27,6 +27,18 @@ _KINDS = ["clean", "drop event", "alter event", "drop marker", "forge partition 
           "duplicate", "forge partition quiescent", "forge partition stream", "late event"]
 
 
+
+class _PlansApplied:
+    """Stands in for ``kafka_log.apply_plan``: applies each plan and counts them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._apply = kafka_log.apply_plan
+
+    def __call__(self, *args: Any) -> None:
+        self.count += 1
+        self._apply(*args)
+
 def _items(batch: int) -> list[Any]:
     """A random workload of 2 writers (``batch`` 0), or 300 single-event write batches
     (``batch`` 1: an epoch per event, most messages markers)."""
@@ -101,15 +113,8 @@ def test_planned_polls_equal_message_by_message(kind: str, batch: int, partition
             kind = "drop event"  # _damaged_topic keeps a partition's last three markers
         topic = _damaged_topic(topic, kind, rng)
     messages = _interleaved(topic, rng)
-    planned = 0
-    apply_plan = kafka_log.apply_plan
-
-    def counting(*args: Any) -> None:
-        nonlocal planned
-        planned += 1
-        apply_plan(*args)
-
-    with mock.patch.object(kafka_log, "apply_plan", counting), \
+    planned = _PlansApplied()
+    with mock.patch.object(kafka_log, "apply_plan", planned), \
             mock.patch.object(kafka_poll, "MIN_MARKER_SHARE", 0):  # plan every poll it can
         fast = _drive(messages, partitions, seed)
     with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
@@ -117,7 +122,7 @@ def test_planned_polls_equal_message_by_message(kind: str, batch: int, partition
     assert fast == reference
     if kind == "clean":
         assert fast[1] is None and fast[0]
-        assert planned, "no poll took the planned path"
+        assert planned.count, "no poll took the planned path"
 
 
 _TABLE_NAMES = st.text(st.characters(codec="utf-8"), max_size=6)
@@ -206,17 +211,10 @@ def test_a_fatal_error_mid_poll_comes_after_the_changesets_before_it() -> None:
     opening = 10 + next(i for i, m in enumerate(messages) if m.headers_ is not None)
     assert opening < half
     first = consumer.poll(0, max_messages=opening)  # the first marker: message by message
-    planned = 0
-    apply_plan = kafka_log.apply_plan
-
-    def counting(*args: Any) -> None:
-        nonlocal planned
-        planned += 1
-        apply_plan(*args)
-
-    with mock.patch.object(kafka_log, "apply_plan", counting):
+    planned = _PlansApplied()
+    with mock.patch.object(kafka_log, "apply_plan", planned):
         got = consumer.poll(0, max_messages=len(broken))
-    assert first and got and planned == 1
+    assert first and got and planned.count == 1
     clean = _consumer(messages[:half], 1)
     want = clean.poll(0, max_messages=opening) + clean.poll(0, max_messages=len(messages))
     assert [(c.epoch_seq, c._changes) for c in first + got] == [

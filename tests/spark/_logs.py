@@ -267,3 +267,27 @@ def compose_states(rows: list[Any]) -> dict[tuple[int, int], dict[Any, bytes]]:
                     state.pop(cell, None)
         out[(domain_id, epoch)] = dict(state)
     return out
+
+
+def check_streamed(rows: list[Any], logs: list[Logged]) -> None:
+    """The changeset rows a stream wrote from ``logs`` (written one after another into
+    one log): no interval written twice; at every quiescence point of every domain the
+    changesets written up to it give the store's state there (nothing skipped, nothing
+    applied twice); the final state is the Python assembler's and the stores'."""
+    keys = [(r["_domain"], r["_epoch"], r["table"], bytes(r["row"]), r["column"])
+            for r in rows]
+    assert len(keys) == len(set(keys)), "an interval was written twice"
+    states = compose_states(rows)
+    expected = {k: v for log in logs for k, v in log.at_quiescence.items()}
+    tables = {k: v for log in logs for k, v in log.tables.items()}
+    assert set(states) <= set(expected)
+    for (domain_id, epoch), truth in expected.items():
+        written = [e for d, e in states if d == domain_id and e <= epoch]
+        state = states[(domain_id, max(written))] if written else {}
+        assert state == {c: v for c, v in truth.items() if c[0] in tables[domain_id]}, (
+            domain_id, epoch)
+    python = list(Assembler().replay(read_log(logs[0].uri)))[-1].state
+    final: dict[Any, bytes] = {}
+    for domain_id in tables:
+        final.update(states[(domain_id, max(e for d, e in states if d == domain_id))])
+    assert final == bits(python) == {k: v for log in logs for k, v in log.final.items()}

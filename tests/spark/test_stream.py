@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
-from replay import Assembler, Frontier
+from replay import Frontier
 from replay.spark import stream_changesets
 from replay.spark._stream import _Scan, _scan
-from sinks.wal3 import LogReader, read_log
-from tests.helpers import bits
-from tests.spark._logs import compose_states, write_baseline_log, write_log
+from sinks.wal3 import LogReader
+from tests.spark._logs import check_streamed, compose_states, write_baseline_log, write_log
 
 pytestmark = [
     pytest.mark.spark,
@@ -53,28 +52,7 @@ def test_a_stream_survives_a_crash_and_restarts(spark: Any, tmp_path: Path) -> N
                        uri=first.uri, table_prefix="more_")
     run(record)
     run(record)  # nothing new: no batch writes anything
-    rows = spark.read.parquet(out).collect()
-    keys = [(r["_domain"], r["_epoch"], r["table"], bytes(r["row"]), r["column"])
-            for r in rows]
-    assert len(keys) == len(set(keys)), "an interval was written twice"
-    states = compose_states(rows)
-    expected = {**first.at_quiescence, **second.at_quiescence}
-    tables = {**first.tables, **second.tables}
-    # At every quiescence point of every domain, the changesets written up to it give
-    # the store's state there (nothing skipped, nothing applied twice); the final state
-    # is the Python assembler's.
-    assert set(states) <= set(expected)
-    for (domain_id, epoch), truth in expected.items():
-        written = [e for d, e in states if d == domain_id and e <= epoch]
-        state = states[(domain_id, max(written))] if written else {}
-        assert state == {c: v for c, v in truth.items() if c[0] in tables[domain_id]}, (
-            domain_id, epoch)
-    python = list(Assembler().replay(read_log(first.uri)))[-1].state
-    final: dict[Any, bytes] = {}
-    for domain_id in tables:
-        last = max(e for d, e in states if d == domain_id)
-        final.update(states[(domain_id, last)])
-    assert final == bits(python) == {**first.final, **second.final}
+    check_streamed(spark.read.parquet(out).collect(), [first, second])
 
 
 def test_the_offsets_stop_before_a_baseline_that_is_not_whole(tmp_path: Path) -> None:

@@ -11,11 +11,8 @@ from typing import Any
 
 import pytest
 
-from replay import Assembler
 from replay.spark import stream_changesets
-from sinks.wal3 import read_log
-from tests.helpers import bits
-from tests.spark._logs import compose_states, write_log
+from tests.spark._logs import check_streamed, write_log
 
 pytestmark = [
     pytest.mark.spark,
@@ -69,20 +66,4 @@ def test_micro_batches_resume_and_a_restart_neither_skips_nor_repeats(
     run(record)
     assert "from the start" in said[-1] and seen[-1][1] > 0
     run(record)  # nothing new
-    rows = spark.read.parquet(out).collect()
-    keys = [(r["_domain"], r["_epoch"], r["table"], bytes(r["row"]), r["column"])
-            for r in rows]
-    assert len(keys) == len(set(keys)), "an interval was written twice"
-    states = compose_states(rows)
-    expected = {**first.at_quiescence, **second.at_quiescence, **third.at_quiescence}
-    tables = {**first.tables, **second.tables, **third.tables}
-    for (domain_id, epoch), truth in expected.items():
-        written = [e for d, e in states if d == domain_id and e <= epoch]
-        state = states[(domain_id, max(written))] if written else {}
-        assert state == {c: v for c, v in truth.items() if c[0] in tables[domain_id]}, (
-            domain_id, epoch)
-    python = list(Assembler().replay(read_log(first.uri)))[-1].state
-    final: dict[Any, bytes] = {}
-    for domain_id in tables:
-        final.update(states[(domain_id, max(e for d, e in states if d == domain_id))])
-    assert final == bits(python) == {**first.final, **second.final, **third.final}
+    check_streamed(spark.read.parquet(out).collect(), [first, second, third])
