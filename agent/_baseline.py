@@ -267,14 +267,20 @@ class _Run:
             self.progress(self.last)
 
     def report(self) -> BaselineReport:
-        total = Setsum()
-        chunks = [chunk for pending in self.pending for chunk in pending.chunks]
-        for chunk in chunks:
-            total = total + Setsum.from_hexdigest(chunk.setsum)
-        return BaselineReport(
-            self.agent.domain_id, self.baseline_id, len(chunks), self.cells,
-            total.hexdigest(), self.pending[0].point, self.pending[-1].point,
-            self.longest_hold, time.perf_counter() - self.started)
+        return baseline_report(self.agent.domain_id, self.baseline_id, self.pending,
+                               self.cells, self.longest_hold, self.started)
+
+
+def baseline_report(domain_id: int, baseline_id: int, pending: Sequence[PendingSnapshot],
+                    cells: int, longest_hold: float, started: float) -> BaselineReport:
+    """The report of a baseline whose chunks (``pending``) were all shipped."""
+    total = Setsum()
+    chunks = [chunk for one in pending for chunk in one.chunks]
+    for chunk in chunks:
+        total = total + Setsum.from_hexdigest(chunk.setsum)
+    return BaselineReport(domain_id, baseline_id, len(chunks), cells, total.hexdigest(),
+                          pending[0].point, pending[-1].point, longest_hold,
+                          time.perf_counter() - started)
 
 
 def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
