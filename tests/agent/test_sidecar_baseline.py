@@ -110,6 +110,8 @@ def test_a_client_gone_while_holding_lets_writers_go() -> None:
     ({"op": "snapshot_chunk", "index": -1, "cells": []}, "needs \"index\""),
     ({"op": "snapshot_chunk", "index": 0, "cells": [["t", 1, "c"]]}, "a cell is"),
     ({"op": "snapshot_chunk", "index": 0, "cells": [], "lo": ["t"]}, "\"lo\" must be"),
+    ({"op": "snapshot_hold", "journal": 3}, "must be an object store URI"),
+    ({"op": "snapshot_hold", "journal": "nosuch://x"}, "\"journal\""),
 ])
 def test_bad_snapshot_requests_are_refused_clearly(request_: dict[str, Any],
                                                     message: str) -> None:
