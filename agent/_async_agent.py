@@ -14,6 +14,7 @@ from typing import TypeVar
 from agent import _operations as operations
 from agent._agent import _Capture
 from agent._baseline import BaselineReport, SnapshotProgress, atake_baseline
+from agent._baseline_journal import BaselineJournal
 from agent._store import AsyncRelaxedStore
 from sequencer import Absent, RowKey, Value, check_write
 from sinks import Sink
@@ -31,12 +32,14 @@ class AsyncAgent(_Capture):
         self.store = store
 
     async def snapshot(self, *, chunk_rows: int = 10_000,
-                       progress: Callable[[SnapshotProgress], None] | None = None
-                       ) -> BaselineReport:
+                       progress: Callable[[SnapshotProgress], None] | None = None,
+                       journal: BaselineJournal | str | None = None) -> BaselineReport:
         """``Agent.snapshot`` for asyncio: the store's ``list_cells`` is awaited and the
-        wait for quiescence does not block the event loop."""
+        wait for quiescence does not block the event loop. ``journal`` as for
+        ``Agent.snapshot`` (``agent._baseline_journal``): a clean ``close()`` or
+        ``aclose()`` marks it closed, so call it at every start."""
         return await atake_baseline(self, self.store, chunk_rows=chunk_rows,
-                                    progress=progress)
+                                    progress=progress, journal=journal)
 
     async def set(self, table: str, row: RowKey, column: str, value: Value) -> Value | Absent:
         # ``operations.set_cell``'s steps inlined, as in ``Agent.set`` (the hot path);

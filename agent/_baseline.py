@@ -267,14 +267,20 @@ class _Run:
             self.progress(self.last)
 
     def report(self) -> BaselineReport:
-        total = Setsum()
-        chunks = [chunk for pending in self.pending for chunk in pending.chunks]
-        for chunk in chunks:
-            total = total + Setsum.from_hexdigest(chunk.setsum)
-        return BaselineReport(
-            self.agent.domain_id, self.baseline_id, len(chunks), self.cells,
-            total.hexdigest(), self.pending[0].point, self.pending[-1].point,
-            self.longest_hold, time.perf_counter() - self.started)
+        return baseline_report(self.agent.domain_id, self.baseline_id, self.pending,
+                               self.cells, self.longest_hold, self.started)
+
+
+def baseline_report(domain_id: int, baseline_id: int, pending: Sequence[PendingSnapshot],
+                    cells: int, longest_hold: float, started: float) -> BaselineReport:
+    """The report of a baseline whose chunks (``pending``) were all shipped."""
+    total = Setsum()
+    chunks = [chunk for one in pending for chunk in one.chunks]
+    for chunk in chunks:
+        total = total + Setsum.from_hexdigest(chunk.setsum)
+    return BaselineReport(domain_id, baseline_id, len(chunks), cells, total.hexdigest(),
+                          pending[0].point, pending[-1].point, longest_hold,
+                          time.perf_counter() - started)
 
 
 def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -296,20 +302,16 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
     takes a new baseline from chunk 0.
     """
     lister = _lister(store)
-    if isinstance(journal, str):
-        journal = BaselineJournal.at(journal)
+    journal = _journal(journal)
     with agent._snapshot_lock:  # one baseline at a time per agent
         # Step 1.
-        previous = None if journal is None else journal.read()
-        if journal is not None and previous is not None and previous["state"] == "closed":
-            report = finished_report(previous)
-            journal.adopted(previous, agent.domain_id)
-            agent._baseline_journal = journal
-            return report
+        if journal is not None:
+            recorded = journal_recorded(agent, journal)
+            if recorded is not None:
+                return recorded
         run = _Run(agent, chunk_rows, progress)
         # Step 2.
         if journal is not None:
-            note_previous(journal, previous)
             journal.started(agent.domain_id, run.baseline_id)
         # Step 3.
         done = False
@@ -328,30 +330,69 @@ def take_baseline(agent: _Capture, store: object, *, chunk_rows: int = DEFAULT_C
         report = run.report()
         # Step 4.
         if journal is not None:
-            journal.finished(report, agent.domain_id)
-            agent._baseline_journal = journal
+            journal_finished(agent, journal, report)
         return report
+
+
+def _journal(journal: BaselineJournal | str | None) -> BaselineJournal | None:
+    return BaselineJournal.at(journal) if isinstance(journal, str) else journal
+
+
+def journal_recorded(agent: _Capture, journal: BaselineJournal) -> BaselineReport | None:
+    """Step 1 of a journaled baseline (for every caller: the agents and the sidecar):
+    a ``closed`` journal (the last agent closed cleanly) is adopted by ``agent`` and its
+    report returned, nothing else done; anything else returns None after logging why
+    a new baseline is taken."""
+    previous = journal.read()
+    if previous is not None and previous["state"] == "closed":
+        report = finished_report(previous)
+        journal.adopted(previous, agent.domain_id)
+        agent._baseline_journal = journal  # its clean close() marks the journal closed
+        return report
+    note_previous(journal, previous)
+    return None
+
+
+def journal_finished(agent: _Capture, journal: BaselineJournal, report: BaselineReport
+                     ) -> None:
+    """Step 4 of a journaled baseline: every chunk is durable; ``agent``'s clean
+    ``close()`` will mark the journal closed."""
+    journal.finished(report, agent.domain_id)
+    agent._baseline_journal = journal
 
 
 async def atake_baseline(agent: _Capture, store: object, *,
                          chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                         progress: Callable[[SnapshotProgress], None] | None = None
-                         ) -> BaselineReport:
-    """``AsyncAgent.snapshot``: the same, waiting without blocking the event loop."""
+                         progress: Callable[[SnapshotProgress], None] | None = None,
+                         journal: BaselineJournal | str | None = None) -> BaselineReport:
+    """``AsyncAgent.snapshot``: the same steps, waiting without blocking the event loop
+    (the journal's object store calls run in a thread)."""
     lister: Callable[[Bound | None, int], Awaitable[CellChunk]] = _lister(store)
+    journal = _journal(journal)
     if not agent._snapshot_lock.acquire(blocking=False):
         raise RuntimeError("a baseline snapshot is already running on this agent; wait for "
                            "it to finish")
     try:
-        return await _atake(agent, lister, chunk_rows, progress)
+        # Step 1.
+        if journal is not None:
+            recorded = await asyncio.to_thread(journal_recorded, agent, journal)
+            if recorded is not None:
+                return recorded
+        report = await _atake(agent, lister, chunk_rows, progress, journal)
+        # Step 4.
+        if journal is not None:
+            await asyncio.to_thread(journal_finished, agent, journal, report)
+        return report
     finally:
         agent._snapshot_lock.release()
 
 
 async def _atake(agent: _Capture, lister: Callable[[Bound | None, int], Awaitable[CellChunk]],
-                 chunk_rows: int, progress: Callable[[SnapshotProgress], None] | None
-                 ) -> BaselineReport:
+                 chunk_rows: int, progress: Callable[[SnapshotProgress], None] | None,
+                 journal: BaselineJournal | None = None) -> BaselineReport:
     run = _Run(agent, chunk_rows, progress)
+    if journal is not None:  # Step 2.
+        await asyncio.to_thread(journal.started, agent.domain_id, run.baseline_id)
     done = False
     while not done:
         agent._begin_hold()

@@ -407,17 +407,24 @@ class SidecarClient:
         self._connection().call("flush")
 
     def snapshot(self, *, chunk_rows: int = 10_000,
-                 progress: Callable[[SnapshotProgress], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[SnapshotProgress], None] | None = None,
+                 journal: str | None = None) -> dict[str, Any]:
         """Record every cell of the store as a baseline in the sidecar's log.
 
         For each chunk the sidecar holds new batches back (every client's) until the
         open ones end, this client reads the chunk from its store (``list_cells``) and
-        reports it. Returns ``{"baseline", "chunks", "cells", "longest_hold"}`` once
-        the chunks are durable.
+        reports it. Returns ``{"baseline", "chunks", "cells", "longest_hold",
+        "recorded"}`` once the chunks are durable.
+
+        With ``journal`` (an object store URI the sidecar can reach), the sidecar keeps
+        the baseline's journal as ``Agent.snapshot(journal=...)`` does: its clean
+        shutdown marks it closed, and a call that finds it closed takes nothing and
+        returns the recorded baseline (``"recorded": True``). Call it at every start.
         """
         from agent.sidecar._snapshot_ops import client_snapshot
 
-        return client_snapshot(self._connection().call, self.store, chunk_rows, progress)
+        return client_snapshot(self._connection().call, self.store, chunk_rows, progress,
+                               journal)
 
     def ping(self) -> None:
         self._connection().call("ping")

@@ -691,6 +691,12 @@ class Sidecar(_Capture):
         log.warning("cdc.sidecar_closed_orphaned_batches", reason=reason,
                     connection=connection.number, client=connection.client,
                     batches=sorted(batches), events=events)
+        if self._baseline_journal is not None:
+            # Its client may have written the store and died before reporting: the log
+            # may lack writes, so this sidecar's close must not mark the journal closed.
+            self._baseline_journal = None
+            log.warning("cdc.baseline_journal_left_open", reason=reason,
+                        consequence="the next start takes a new baseline")
 
 
 def _bind(path: Path, mode: int) -> socket.socket:

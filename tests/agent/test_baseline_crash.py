@@ -4,6 +4,7 @@ log from which a consumer given nothing rebuilds the store."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from typing import Any
@@ -12,7 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import Agent, BaselineJournal, JournalError, MemoryStore
+from agent import (
+    Agent,
+    AsyncAgent,
+    AsyncMemoryStore,
+    BaselineJournal,
+    BaselineReport,
+    JournalError,
+    MemoryStore,
+)
 from replay import Assembler
 from sinks.codec import encode_value
 from sinks.objstore import Call, Crash, InMemoryObjectStore
@@ -147,7 +156,10 @@ def test_dying_at_every_chunk_never_shows_a_state_the_store_did_not_have(
 _JOURNAL = "agent/baseline-journal.json"
 
 
-def _journaled_run(objects: Any, store: MemoryStore) -> None:
+def _journaled_run(objects: Any, store: MemoryStore, kind: str = "sync") -> None:
+    if kind == "async":
+        asyncio.run(_ajournaled_run(objects, store))
+        return
     agent = Agent(store, Wal3Sink(objects, options=_OPTIONS))
     try:
         agent.set("t", 1, "a", "first")
@@ -158,9 +170,40 @@ def _journaled_run(objects: Any, store: MemoryStore) -> None:
             agent.close(timeout=10)
 
 
+async def _ajournaled_run(objects: Any, store: MemoryStore) -> None:
+    agent = AsyncAgent(AsyncMemoryStore(store), Wal3Sink(objects, options=_OPTIONS))
+    try:
+        await agent.set("t", 1, "a", "first")
+        await agent.snapshot(chunk_rows=7, journal=BaselineJournal(objects, _JOURNAL))
+        await agent.set("t", 2, "b", "after")
+    finally:
+        with contextlib.suppress(BaseException):
+            await agent.aclose(timeout=10)
+
+
+def _restart(objects: Any, store: MemoryStore, journal: BaselineJournal, kind: str
+             ) -> tuple[BaselineReport, int]:
+    """A program's next start: ``snapshot(journal=...)``, a write, a clean close."""
+    if kind == "sync":
+        with Agent(store, Wal3Sink(objects, options=_OPTIONS)) as agent:
+            report = agent.snapshot(chunk_rows=7, journal=journal)
+            agent.set("t", 3, "a", "restarted")
+        return report, agent.domain_id
+
+    async def main() -> tuple[BaselineReport, int]:
+        agent = AsyncAgent(AsyncMemoryStore(store), Wal3Sink(objects, options=_OPTIONS))
+        report = await agent.snapshot(chunk_rows=7, journal=journal)
+        await agent.set("t", 3, "a", "restarted")
+        await agent.aclose()
+        return report, agent.domain_id
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize("phase", ["before", "after"])
 def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
-        phase: str) -> None:
+        phase: str, kind: str) -> None:
     """Crash at every store call of a journaled baseline (the journal's own puts among
     them, on the same in-memory object store), then restart and call
     ``snapshot(journal=...)`` as a program does at every start: after a crash (a cut
@@ -168,27 +211,31 @@ def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
     with no manual step; after a clean close none is; a consumer given nothing rebuilds
     the store either way, and the clean close of the restart marks the journal."""
     reference = InMemoryObjectStore("journal-reference", sleep=no_sleep)
-    _journaled_run(reference, _store())
+    _journaled_run(reference, _store(), kind)
     total = sum(1 for c in reference.calls if c.phase == "before")
     outcomes = set()
-    for step in range(1, total + 1):
+    # Every store call in turn; then, as an asynchronous run's count of calls varies (the
+    # writer batches in the background), the journal's 3rd put (its "closed") by name.
+    steps: list[Any] = [*range(1, total + 1), "closed"]
+    for step in steps:
         objects = InMemoryObjectStore(f"journal-{phase}-{step}", sleep=no_sleep)
         fired: list[bool] = []
-        objects.on_step = _crash_at(step, phase, fired)
+        objects.on_step = (_crash_at(step, phase, fired) if step != "closed"
+                           else _crash_at_journal_put(3, phase, fired))
         store = _store()
         with contextlib.suppress(BaseException):
-            _journaled_run(ProcessStore(objects), store)
+            _journaled_run(ProcessStore(objects), store, kind)
         objects.on_step = None
         journal = BaselineJournal(objects, _JOURNAL)
         entry = journal.read()
         finished = entry is not None and entry["state"] == "closed"
-        with Agent(store, Wal3Sink(objects, options=_OPTIONS)) as agent:
-            report = agent.snapshot(chunk_rows=7, journal=journal)
-            agent.set("t", 3, "a", "restarted")
-        assert (report.domain_id != agent.domain_id) is finished, (phase, step)
+        report, domain_id = _restart(objects, store, journal, kind)
+        assert (report.domain_id != domain_id) is finished, (phase, step)
         assert journal.read()["state"] == "closed"  # type: ignore[index]
         snaps = list(Assembler().replay(read_log(objects)))
         assert _bits(snaps[-1].state) == _bits(store.snapshot()), (phase, step)
+        if step == "closed":  # crashed around the clean close's put of "closed"
+            assert fired and finished is (phase == "after"), (phase, step)
         if fired:
             outcomes.add(finished)
         else:  # this run made fewer store calls (the writer batches in the background)
@@ -208,6 +255,22 @@ def _crash_at(step: int, phase: str, fired: list[bool]) -> Any:
             seen[0] = -10**9  # fire once
             fired.append(True)
             raise Crash(f"crash {phase} store call {step}")
+
+    return hook
+
+
+def _crash_at_journal_put(nth: int, phase: str, fired: list[bool]) -> Any:
+    seen = [0]
+
+    def hook(call: Call) -> None:
+        if call.op != "put" or call.key != _JOURNAL:
+            return
+        if call.phase == "before":
+            seen[0] += 1
+        if call.phase == phase and seen[0] == nth:
+            seen[0] = -10**9  # fire once
+            fired.append(True)
+            raise Crash(f"crash {phase} the journal's put {nth}")
 
     return hook
 

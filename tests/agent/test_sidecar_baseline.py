@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -109,6 +110,8 @@ def test_a_client_gone_while_holding_lets_writers_go() -> None:
     ({"op": "snapshot_chunk", "index": -1, "cells": []}, "needs \"index\""),
     ({"op": "snapshot_chunk", "index": 0, "cells": [["t", 1, "c"]]}, "a cell is"),
     ({"op": "snapshot_chunk", "index": 0, "cells": [], "lo": ["t"]}, "\"lo\" must be"),
+    ({"op": "snapshot_hold", "journal": 3}, "must be an object store URI"),
+    ({"op": "snapshot_hold", "journal": "nosuch://x"}, "\"journal\""),
 ])
 def test_bad_snapshot_requests_are_refused_clearly(request_: dict[str, Any],
                                                     message: str) -> None:
@@ -195,3 +198,92 @@ def test_sidecar_chunks_are_cut_to_the_sinks_message_size() -> None:
         for _changeset in asm.feed(record):
             state = asm.state
     assert state is not None and bits(state) == bits(store.snapshot())
+
+
+def _sidecar_process(socket_path: Path, log_uri: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sidecar", "--socket", str(socket_path),
+         "--log", log_uri], cwd=ROOT, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    banner = proc.stderr.readline()
+    assert "listening on" in banner, banner
+    return proc
+
+
+def _journaled_start(socket_path: Path, store: MemoryStore, journal: str, n: int
+                     ) -> dict[str, Any]:
+    """A program's start: ``snapshot(journal=...)``, then writes, all flushed."""
+    with SidecarClient(str(socket_path), store) as client:
+        report = client.snapshot(chunk_rows=16, journal=journal)
+        client.set("accounts", 100 + n, "balance", n)
+        client.set("accounts", 1, "balance", -n)
+        client.flush()
+    return report
+
+
+def test_a_journaled_sidecar_baseline_is_retaken_only_after_an_unclean_end() -> None:
+    """``SidecarClient.snapshot(journal=...)`` at every start: after the sidecar's clean
+    shutdown (SIGTERM) the journal says closed and the next start takes nothing; after
+    a SIGKILL it says done and the next start takes a new baseline; a consumer from
+    nothing then holds the store."""
+    from agent import BaselineJournal
+
+    with short_dir() as tmp:
+        socket_path, log_uri, journal = tmp / "s", f"file://{tmp}/log", f"file://{tmp}/j"
+        store = _store()
+        state = lambda: BaselineJournal.at(journal).read()["state"]  # noqa: E731
+        procs = [_sidecar_process(socket_path, log_uri)]
+        first = procs[0]
+        try:
+            taken = _journaled_start(socket_path, store, journal, 1)
+            assert not taken["recorded"] and taken["cells"] == 61
+            assert state() == "done"
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(60) == 0
+            assert state() == "closed"
+            second = _sidecar_process(socket_path, log_uri)
+            procs.append(second)
+            again = _journaled_start(socket_path, store, journal, 2)
+            assert again["recorded"] and again["baseline"] == taken["baseline"]
+            assert state() == "done"
+            second.kill()  # SIGKILL: no clean close
+            second.wait(60)
+            assert state() == "done"
+            third = _sidecar_process(socket_path, log_uri)
+            procs.append(third)
+            retaken = _journaled_start(socket_path, store, journal, 3)
+            assert not retaken["recorded"] and retaken["baseline"] != taken["baseline"]
+            third.send_signal(signal.SIGTERM)
+            assert third.wait(60) == 0
+            assert state() == "closed"
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if proc.stderr is not None:
+                    proc.stderr.close()
+        snaps = list(Assembler().replay(read_log(log_uri)))
+        assert bits(snaps[-1].state) == bits(store.snapshot())
+
+
+def test_a_client_gone_with_a_batch_open_leaves_the_journal_for_a_retake() -> None:
+    """A client that died between its store write and its report (its batch left open)
+    may have written what the log lacks: the sidecar's clean close then leaves the
+    journal ``done`` (the next start retakes), not ``closed``."""
+    from agent import BaselineJournal
+
+    with short_dir() as tmp:
+        journal = f"file://{tmp}/j"
+        sidecar = Sidecar(Wal3Sink("memory://sidecar-journal-orphan"))
+        sock = tmp / "agent.sock"
+        thread = _serve(sidecar, sock)
+        with SidecarClient(str(sock), _store()) as client:
+            assert not client.snapshot(chunk_rows=16, journal=journal)["recorded"]
+        dying = Raw(sock)
+        assert dying.open()
+        dying.close()  # gone with its batch open
+        sidecar.stop()
+        thread.join(30)
+        assert BaselineJournal.at(journal).read()["state"] == "done"  # type: ignore[index]
