@@ -36,8 +36,7 @@ from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._frames import CELL, table_frame
 from sequencer import EpochRecord
-from sinks.wal3 import StateDelta
-from sinks.wal3._state import split_key
+from sinks.wal3 import StateDelta, split_key
 
 __all__ = ["Compacted", "Resumed"]
 
