@@ -247,7 +247,7 @@ def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
 
 
 def _is_journal_put(call: Call) -> bool:
-    return call.op == "put" and call.key == _JOURNAL
+    return call.op in ("put", "put_if_match") and call.key == _JOURNAL
 
 
 def _crash_at(nth: int, phase: str, fired: list[bool],
@@ -278,3 +278,26 @@ def test_a_journal_from_another_version_is_refused_clearly() -> None:
     objects.put(_JOURNAL, b"not json")
     with pytest.raises(JournalError, match="not a journal"):
         BaselineJournal(objects, _JOURNAL).read()
+
+
+def test_closed_is_never_written_over_a_baseline_that_started_meanwhile() -> None:
+    """Agent A closes while agent B starts a baseline on the same journal: B's
+    ``running`` written between A's read and A's write survives (a conditional put),
+    so a crash of B is still retaken."""
+    objects = InMemoryObjectStore("journal-race", sleep=no_sleep)
+    with Agent(_store(), Wal3Sink(objects, options=_OPTIONS)) as a:
+        journal = BaselineJournal(objects, _JOURNAL)
+        a.snapshot(journal=journal)
+        assert journal.read()["state"] == "done"  # type: ignore[index]
+        get = objects.get
+
+        def get_then_b_starts(key: str) -> Any:
+            found = get(key)
+            if key == _JOURNAL:
+                objects.get = get  # type: ignore[method-assign]
+                BaselineJournal(objects, _JOURNAL).started(domain_id=0xB, baseline_id=7)
+            return found
+
+        objects.get = get_then_b_starts  # type: ignore[method-assign]
+    entry = journal.read()
+    assert entry is not None and entry["state"] == "running" and entry["domain_id"] == 0xB
