@@ -203,6 +203,7 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     from replay.spark._kafka import KAFKA_SCHEME
     from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
+    from sinks.wal3 import GarbageCollected
 
     if uri.startswith(KAFKA_SCHEME):
         raise ValueError(f"stream_changesets reads a wal3 log; {uri!r} is a Kafka topic: "
@@ -215,8 +216,12 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
         if not len(end.positions):
             return
         resume = load_resume(spark, saved, applied_frontier(spark, path, format))
-        replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
-                           resume=resume)
+        try:
+            replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
+                               resume=resume)
+        except GarbageCollected:  # collected past the saved point (cdc-agent log gc)
+            resume = None  # from the start, which on a collected log is its checkpoint
+            replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
         if progress is not None:
             progress(f"micro-batch {batch_id}: " + (
                 "from the start of the log" if resume is None else
@@ -261,7 +266,11 @@ def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) 
             or {p.domain_id for p in until} != set(replay.epochs.epochs)):
         return False
     starts = []
-    pending = F.lit(False)
+    # A domain not in ``until`` has no epoch record yet (a new agent: its first batch
+    # may ship segments, or its events fragment land before its epochs): all of it.
+    signed = [p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
+              for p in until]
+    pending = ~F.col("domain").isin(signed)
     for p in until:
         offset = replay.quiescent_offsets.get((p.domain_id, p.epoch_seq))
         if offset is None:  # the point it resumed at: nothing of the domain came since
