@@ -23,7 +23,7 @@ import structlog
 
 from agent import _operations as operations
 from agent._clock import system_ids
-from agent._native import new_sequencer, unscoped_writer
+from agent._native import cell_writer, new_sequencer, unscoped_writer
 from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipper, ShippingFailed
 from agent._store import RelaxedStore
@@ -443,6 +443,14 @@ class Agent(_Capture):
             clock=self._clock_ns, fallback=self._set_general, max_queue=self._max_queue)
         if writer is not None:
             self._set_unscoped = writer  # type: ignore[method-assign]
+        # And every ``set`` is one C call (sequencer._native.CellWriter: ``set`` below,
+        # step for step; keyword calls and a subclass's own ``set`` keep Python's).
+        if type(self).set is Agent.set:
+            fast_set = cell_writer(sequencer=self._sequencer, agent=self,
+                                   current=self._current, reference=Agent.set.__get__(self),
+                                   segment_events=SEGMENT_EVENTS)
+            if fast_set is not None:
+                self.set = fast_set  # type: ignore[method-assign]
 
     # -- writes: each operation is defined once in agent._operations -------------------
 

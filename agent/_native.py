@@ -18,7 +18,7 @@ import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
 __all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
-           "shipper_helpers", "transpose", "unscoped_writer"]
+           "shipper_helpers", "transpose", "unscoped_writer", "cell_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -67,6 +67,15 @@ def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | 
     if native is None or type(sequencer) is not native.EpochSequencer:
         return None
     return native.UnscopedWriter(sequencer=sequencer, **parts)  # type: ignore[no-any-return]
+
+
+def cell_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:
+    """``Agent.set`` as one C call (``sequencer._native.CellWriter``) when ``sequencer``
+    is the C one, else None (the agent keeps its Python method)."""
+    native = globals()["sequencer"].NATIVE
+    if native is None or type(sequencer) is not native.EpochSequencer:
+        return None
+    return native.CellWriter(**parts)  # type: ignore[no-any-return]
 
 
 def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:

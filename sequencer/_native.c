@@ -1078,6 +1078,238 @@ static PyTypeObject WriterType = {
 };
 
 
+/* ---- CellWriter: Agent.set in one call ------------------------------------------------ */
+
+/* `Agent.set` (agent/_agent.py, the reference and the pure-Python fallback) in C: the
+ * checks of `sequencer.check_write` whose common case (names already seen, an ASCII str
+ * or 64-bit int row, a value with no range to check) is done here against the same set
+ * of known names, anything else by calling `check_write` itself; the batch in force read
+ * from the agent's ContextVar; outside any batch, the agent's `_set_unscoped` (the C
+ * UnscopedWriter, or its Python reference); inside one, `agent.store.exchange` and the
+ * event appended to the batch's list of events, its full segment handed to the agent's
+ * `_ship_segment`. Keyword arguments go to the reference. tests/agent/test_cell_native.py
+ * holds it to the reference's logs. */
+
+static PyObject *known_names, *check_write_fn;  /* bound by sequencer._accel */
+static PyObject *S_events_list, *S_ship_segment, *S_set_unscoped;
+
+static PyObject *
+bind_checks(PyObject *module, PyObject *args)
+{
+    PyObject *names, *check;
+    if (!PyArg_ParseTuple(args, "O!O", &PySet_Type, &names, &check))
+        return NULL;
+    Py_XSETREF(known_names, Py_NewRef(names));
+    Py_XSETREF(check_write_fn, Py_NewRef(check));
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *agent, *current, *reference;
+    Py_ssize_t segment_events;
+    vectorcallfunc vectorcall;
+} CellWriter;
+
+/* `text` is an exact str, all ASCII (str.isascii): 1, 0, or -1 with the error set. */
+static int
+ascii_str(PyObject *text)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0)
+        return -1;
+#endif
+    return PyUnicode_IS_ASCII(text);
+}
+
+/* `v` (an exact int) fits a signed 64-bit integer. */
+static int
+fits_i64(PyObject *v)
+{
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && !overflow && PyErr_Occurred())
+        return -1;
+    return !overflow;
+}
+
+/* check_write's fast test: 1 when it passes, 0 when the full checks must run, -1 with
+ * the error set. Only exact types are looked at: anything else may run Python code in
+ * `in known`, so it goes to check_write, which does that itself. */
+static int
+checks_pass(PyObject *table, PyObject *row, PyObject *column, PyObject *value)
+{
+    if (known_names == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        return -1;
+    }
+    if (!PyUnicode_CheckExact(table) || !PyUnicode_CheckExact(column))
+        return 0;
+    int r = PySet_Contains(known_names, table);
+    if (r <= 0 || (r = PySet_Contains(known_names, column)) <= 0)
+        return r;
+    if (PyUnicode_CheckExact(row))
+        r = ascii_str(row);
+    else if (PyLong_CheckExact(row))
+        r = fits_i64(row);
+    else
+        return 0;
+    if (r <= 0)
+        return r;
+    PyTypeObject *kind = Py_TYPE(value);
+    if (value == Py_None || kind == &PyBool_Type || kind == &PyFloat_Type
+        || kind == &PyBytes_Type)
+        return 1;
+    if (kind == &PyUnicode_Type)
+        return ascii_str(value);
+    if (kind == &PyLong_Type)
+        return fits_i64(value);
+    return 0;
+}
+
+static PyObject *
+CellWriter_call(CellWriter *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL)  /* keywords (or a wrong call): the reference */
+        return PyObject_Vectorcall(w->reference, args, nargs, kwnames);
+    int pass = checks_pass(args[0], args[1], args[2], args[3]);
+    if (pass < 0)
+        return NULL;
+    if (!pass) {  /* the full checks: they raise InvalidWrite, or pass */
+        PyObject *r = PyObject_Vectorcall(check_write_fn, args, 4, NULL);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *batch;
+    if (PyContextVar_Get(w->current, Py_None, &batch) < 0)
+        return NULL;
+    if (batch == Py_None) {  /* an automatic short batch for this one write */
+        Py_DECREF(batch);
+        PyObject *unscoped = PyObject_GetAttr(w->agent, S_set_unscoped);
+        if (unscoped == NULL)
+            return NULL;
+        PyObject *r = PyObject_Vectorcall(unscoped, args, 4, NULL);
+        Py_DECREF(unscoped);
+        return r;
+    }
+    PyObject *old = NULL, *store = PyObject_GetAttr(w->agent, S_store);
+    if (store == NULL)
+        goto done;
+    PyObject *call[5] = {store, args[0], args[1], args[2], args[3]};
+    old = PyObject_VectorcallMethod(S_exchange, call, 5, NULL);
+    Py_DECREF(store);
+    if (old == NULL)  /* no event: the write may not have happened */
+        goto done;
+    PyObject *events = PyObject_GetAttr(batch, S_events_list);
+    if (events == NULL)
+        goto fail;
+    PyObject *event = PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]);
+    /* Scalars only (checked above), unless the store's old value is a tracked
+     * container: untracked, as the collector itself would untrack it at its first
+     * pass (a write's event otherwise adds to every collection until shipped). */
+    if (event != NULL && !(PyObject_IS_GC(old) && PyObject_GC_IsTracked(old)))
+        PyObject_GC_UnTrack(event);
+    int rc = event == NULL ? -1 : PyList_Check(events) ? PyList_Append(events, event) : -2;
+    if (rc == -2) {  /* not a list: its own append */
+        PyObject *r = PyObject_CallMethodOneArg(events, S_append, event);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(event);
+    Py_ssize_t queued = rc < 0 ? -1 : PyObject_Length(events);
+    Py_DECREF(events);
+    if (queued < 0)
+        goto fail;
+    if (queued >= w->segment_events) {  /* a full segment goes to the shipper now */
+        PyObject *r = PyObject_CallMethodOneArg(w->agent, S_ship_segment, batch);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    goto done;
+fail:
+    Py_CLEAR(old);
+done:
+    Py_DECREF(batch);
+    return old;
+}
+
+static int
+CellWriter_init(CellWriter *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"agent", "current", "reference", "segment_events", NULL};
+    PyObject *agent, *current, *reference;
+    Py_ssize_t segment_events;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!On", kwlist, &agent,
+                                     &PyContextVar_Type, &current, &reference,
+                                     &segment_events))
+        return -1;
+    if (intern_names() < 0)
+        return -1;
+#define NAME(var, text) if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(S_events_list, "events") NAME(S_ship_segment, "_ship_segment")
+    NAME(S_set_unscoped, "_set_unscoped")
+#undef NAME
+    Py_XSETREF(self->agent, Py_NewRef(agent));
+    Py_XSETREF(self->current, Py_NewRef(current));
+    Py_XSETREF(self->reference, Py_NewRef(reference));
+    self->segment_events = segment_events;
+    return 0;
+}
+
+static int
+CellWriter_traverse(CellWriter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->agent);
+    Py_VISIT(self->current);
+    Py_VISIT(self->reference);
+    return 0;
+}
+
+static int
+CellWriter_clear(CellWriter *self)
+{
+    Py_CLEAR(self->agent);
+    Py_CLEAR(self->current);
+    Py_CLEAR(self->reference);
+    return 0;
+}
+
+static void
+CellWriter_dealloc(CellWriter *self)
+{
+    PyObject_GC_UnTrack(self);
+    CellWriter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+CellWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *self = PyType_GenericNew(type, args, kwds);
+    if (self != NULL)
+        ((CellWriter *)self)->vectorcall = (vectorcallfunc)CellWriter_call;
+    return self;
+}
+
+static PyTypeObject CellWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.CellWriter",
+    .tp_doc = "Agent.set in C: writer(table, row, column, value) -> old value.",
+    .tp_basicsize = sizeof(CellWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = CellWriter_new,
+    .tp_init = (initproc)CellWriter_init,
+    .tp_dealloc = (destructor)CellWriter_dealloc,
+    .tp_traverse = (traverseproc)CellWriter_traverse,
+    .tp_clear = (inquiry)CellWriter_clear,
+    .tp_call = Writer_tp_call,
+    .tp_vectorcall_offset = offsetof(CellWriter, vectorcall),
+};
+
+
 /* ---- helpers for the shipper: columns of tuples, SHA3 of many slices ------------------ */
 
 static PyObject *
@@ -1748,6 +1980,9 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"bind_checks", bind_checks, METH_VARARGS,
+     "bind_checks(known_names, check_write): the set of names already checked and the "
+     "checks CellWriter calls for anything else (sequencer._accel calls it once)."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
@@ -1764,14 +1999,15 @@ PyInit__native(void)
 {
     if (PyType_Ready(&IdsType) < 0 || PyType_Ready(&SeqType) < 0)
         return NULL;
-    if (PyType_Ready(&WriterType) < 0)
+    if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&CellWriterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "MonotonicIds", (PyObject *)&IdsType) < 0
         || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0
-        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0) {
+        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0
+        || PyModule_AddObjectRef(m, "CellWriter", (PyObject *)&CellWriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
