@@ -18,7 +18,7 @@ import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
 __all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
-           "shipper_helpers", "transpose", "unscoped_writer", "cell_writer"]
+           "event_encoder", "shipper_helpers", "transpose", "unscoped_writer", "cell_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -100,6 +100,20 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
         assert sequencer.NATIVE is not None
         return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
     return transpose, None
+
+
+# encode_events(lists) -> five (offsets, data) pairs, or None (the codec then encodes)
+EventEncoder = Callable[[list[Any]], tuple[tuple[bytes, bytes], ...] | None]
+
+
+def event_encoder() -> EventEncoder | None:
+    """``sequencer._native.encode_events`` (a shipment's variable event columns built in
+    one C pass, the codec's bytes), or None: the shipper then transposes the events and
+    encodes them with ``sinks.codec``."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.encode_events  # type: ignore[no-any-return]
+    return None
 
 
 # sha3_segments(bounds, domains, batches, seqs, ((offsets, values) x 5)) -> digests

@@ -1091,14 +1091,16 @@ static PyTypeObject WriterType = {
  * holds it to the reference's logs. */
 
 static PyObject *known_names, *check_write_fn;  /* bound by sequencer._accel */
+static PyObject *ABSENT_value;  /* sequencer.ABSENT, bound there too */
 static PyObject *S_events_list, *S_ship_segment, *S_set_unscoped;
 
 static PyObject *
 bind_checks(PyObject *module, PyObject *args)
 {
-    PyObject *names, *check;
-    if (!PyArg_ParseTuple(args, "O!O", &PySet_Type, &names, &check))
+    PyObject *names, *check, *absent;
+    if (!PyArg_ParseTuple(args, "O!OO", &PySet_Type, &names, &check, &absent))
         return NULL;
+    Py_XSETREF(ABSENT_value, Py_NewRef(absent));
     Py_XSETREF(known_names, Py_NewRef(names));
     Py_XSETREF(check_write_fn, Py_NewRef(check));
     Py_RETURN_NONE;
@@ -1963,6 +1965,174 @@ done:
     return out;
 }
 
+/* ---- encode_events: a shipment's event columns in Arrow's layout, in one pass -------- */
+
+
+/* The bytes of `v` in its column: tagged (sinks.codec.encode_value) or, for the table
+ * and column names, its UTF-8 alone. The size, or -1 for anything C leaves to Python
+ * (the codec then encodes or refuses it, with its own error). */
+static Py_ssize_t
+column_size(PyObject *v, int tagged)
+{
+    PyTypeObject *kind = Py_TYPE(v);
+    if (kind == &PyUnicode_Type) {
+        Py_ssize_t n;
+        if (PyUnicode_AsUTF8AndSize(v, &n) == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        return n + tagged;
+    }
+    if (!tagged)
+        return -1;
+    if (kind == &PyLong_Type) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+        return 9;
+    }
+    if (kind == &PyFloat_Type)
+        return 9;
+    if (v == Py_None)
+        return 1;
+    if (kind == &PyBool_Type)
+        return 2;
+    if (kind == &PyBytes_Type)
+        return 1 + PyBytes_GET_SIZE(v);
+    if (v == ABSENT_value)
+        return 0;
+    return -1;
+}
+
+/* Write `v` as column_size measured it (it passed there); return the end. */
+static unsigned char *
+put_column_value(unsigned char *p, PyObject *v, int tagged)
+{
+    PyTypeObject *kind = Py_TYPE(v);
+    if (kind == &PyUnicode_Type) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &n);  /* cached by column_size */
+        if (tagged)
+            *p++ = 0x04;
+        memcpy(p, utf8, (size_t)n);
+        return p + n;
+    }
+    if (kind == &PyLong_Type) {
+        *p = 0x02;
+        put_be(p + 1, (uint64_t)PyLong_AsLongLong(v), 8);
+        return p + 9;
+    }
+    if (kind == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        memcpy(&bits, &d, 8);
+        *p = 0x03;
+        put_be(p + 1, bits, 8);
+        return p + 9;
+    }
+    if (v == Py_None) {
+        *p = 0x00;
+        return p + 1;
+    }
+    if (kind == &PyBool_Type) {
+        p[0] = 0x01;
+        p[1] = v == Py_True;
+        return p + 2;
+    }
+    if (kind == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        *p++ = 0x05;
+        memcpy(p, PyBytes_AS_STRING(v), (size_t)n);
+        return p + n;
+    }
+    return p;  /* ABSENT: no bytes */
+}
+
+/* encode_events(lists): the five variable columns (table, row, column, old, new) of the
+ * events in `lists` (a list of lists of 5-tuples, in order) as Arrow buffers, a tuple
+ * of five (offsets, data) bytes pairs (offsets: n + 1 native int32); the table and
+ * column as UTF-8, the others tagged as sinks.codec.encode_value does. None when any
+ * event is not a plain 5-tuple or holds anything else than the codec's exact types (or
+ * a column would pass 2 GiB): the caller then encodes in Python, which refuses what
+ * must be refused with the codec's own error. */
+static PyObject *
+encode_events(PyObject *module, PyObject *lists)
+{
+    if (ABSENT_value == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        return NULL;
+    }
+    if (!PyList_Check(lists)) {
+        PyErr_SetString(PyExc_TypeError, "encode_events(lists: list[list[tuple]])");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(lists), n = 0;
+    int64_t total[5] = {0, 0, 0, 0, 0};
+    for (Py_ssize_t k = 0; k < m; k++) {  /* pass 1: check every value, size each column */
+        PyObject *events = PyList_GET_ITEM(lists, k);
+        if (!PyList_Check(events))
+            Py_RETURN_NONE;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            if (!PyTuple_CheckExact(event) || PyTuple_GET_SIZE(event) != 5)
+                Py_RETURN_NONE;
+            for (int c = 0; c < 5; c++) {
+                Py_ssize_t size = column_size(PyTuple_GET_ITEM(event, c), c != 0 && c != 2);
+                if (size < 0)
+                    Py_RETURN_NONE;
+                total[c] += size;
+            }
+            n++;
+        }
+    }
+    for (int c = 0; c < 5; c++)
+        if (total[c] > INT32_MAX)
+            Py_RETURN_NONE;
+    /* Bytes objects only until pass 2 is done: they are not the collector's, so no
+     * collection (no finalizer, no Python code) can run and change the lists between
+     * the passes. */
+    PyObject *bufs[10] = {NULL};
+    int32_t *offsets[5];
+    unsigned char *data[5], *start[5];
+    for (int c = 0; c < 5; c++) {
+        bufs[2 * c] = PyBytes_FromStringAndSize(NULL, 4 * (n + 1));
+        bufs[2 * c + 1] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total[c]);
+        if (bufs[2 * c] == NULL || bufs[2 * c + 1] == NULL) {
+            for (int j = 0; j < 10; j++)
+                Py_XDECREF(bufs[j]);
+            return NULL;
+        }
+        offsets[c] = (int32_t *)PyBytes_AS_STRING(bufs[2 * c]);
+        start[c] = data[c] = (unsigned char *)PyBytes_AS_STRING(bufs[2 * c + 1]);
+        offsets[c][0] = 0;
+    }
+    Py_ssize_t row = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {  /* pass 2: what pass 1 checked, unchanged */
+        PyObject *events = PyList_GET_ITEM(lists, k);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++, row++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            for (int c = 0; c < 5; c++) {
+                data[c] = put_column_value(data[c], PyTuple_GET_ITEM(event, c), c != 0 && c != 2);
+                offsets[c][row + 1] = (int32_t)(data[c] - start[c]);
+            }
+        }
+    }
+    PyObject *result = PyTuple_New(5);
+    for (int c = 0; c < 5 && result != NULL; c++) {
+        PyObject *pair = PyTuple_Pack(2, bufs[2 * c], bufs[2 * c + 1]);
+        if (pair == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, c, pair);
+    }
+    for (int j = 0; j < 10; j++)
+        Py_DECREF(bufs[j]);
+    return result;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1980,9 +2150,14 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"encode_events", encode_events, METH_O,
+     "encode_events(lists): the table, row, column, old and new columns of the events "
+     "in lists (of lists of 5-tuples) as Arrow (offsets, data) buffers, or None: "
+     "encode them in Python (sinks.codec)."},
     {"bind_checks", bind_checks, METH_VARARGS,
-     "bind_checks(known_names, check_write): the set of names already checked and the "
-     "checks CellWriter calls for anything else (sequencer._accel calls it once)."},
+     "bind_checks(known_names, check_write, ABSENT): the set of names already checked, "
+     "the checks CellWriter calls for anything else, and ABSENT (for encode_events); "
+     "sequencer._accel calls it once."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
