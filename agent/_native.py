@@ -17,8 +17,9 @@ import structlog
 import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
-__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
-           "event_encoder", "shipper_helpers", "transpose", "unscoped_writer", "cell_writer"]
+__all__ = ["ENV_VAR", "cell_writer", "event_encoder", "event_list", "native_in_use", "new_ids",
+           "new_sequencer", "segment_digests_helper", "shipper_helpers", "transpose",
+           "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -67,6 +68,13 @@ def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | 
     if native is None or type(sequencer) is not native.EpochSequencer:
         return None
     return native.UnscopedWriter(sequencer=sequencer, **parts)  # type: ignore[no-any-return]
+
+
+def event_list() -> Callable[[], list[Any]]:
+    """What makes a batch's list of events: ``sequencer._native.event_list`` (a list the
+    collector does not track: events cannot lead back to it), or ``list``."""
+    native = sequencer.NATIVE
+    return list if native is None else native.event_list
 
 
 def cell_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:

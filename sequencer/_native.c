@@ -1965,6 +1965,16 @@ done:
     return out;
 }
 
+/* event_list(): a new empty list the collector does not track, for a batch's events.
+ * It only ever holds event tuples (names, row keys, values: what the store handed
+ * back), which cannot lead back to it, so no cycle passes through it; untracked, the
+ * hundred events a batch gathers are not traversed by every young collection. */
+static PyObject *
+event_list(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return untracked(PyList_New(0));
+}
+
 /* ---- encode_events: a shipment's event columns in Arrow's layout, in one pass -------- */
 
 
@@ -2150,6 +2160,8 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"event_list", event_list, METH_NOARGS,
+     "event_list(): a new empty list untracked by the collector (a batch's events)."},
     {"encode_events", encode_events, METH_O,
      "encode_events(lists): the table, row, column, old and new columns of the events "
      "in lists (of lists of 5-tuples) as Arrow (offsets, data) buffers, or None: "
