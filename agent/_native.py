@@ -110,17 +110,17 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
     return transpose, None
 
 
-# encode_events(lists) -> five (offsets, data) pairs, or None (the codec then encodes)
+# event_columns(lists) -> five (offsets, data) pairs, or None (the codec then encodes)
 EventEncoder = Callable[[list[Any]], tuple[tuple[bytes, bytes], ...] | None]
 
 
 def event_encoder() -> EventEncoder | None:
-    """``sequencer._native.encode_events`` (a shipment's variable event columns built in
+    """``sequencer._native.event_columns`` (a shipment's variable event columns built in
     one C pass, the codec's bytes), or None: the shipper then transposes the events and
     encodes them with ``sinks.codec``."""
     if native_in_use():
         assert sequencer.NATIVE is not None
-        return sequencer.NATIVE.encode_events  # type: ignore[no-any-return]
+        return sequencer.NATIVE.event_columns  # type: ignore[no-any-return]
     return None
 
 

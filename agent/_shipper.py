@@ -136,7 +136,7 @@ class Shipper:
         # C when built (agent._native): a shipment's columns and its segments' SHA3s.
         self._transpose, self._digest_slices = shipper_helpers()
         self._segment_digests = segment_digests_helper()
-        self._encode_events = event_encoder()
+        self._event_columns = event_encoder()
         self._write_epochs = getattr(sink, "write_epochs", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
@@ -339,7 +339,7 @@ class Shipper:
                           pa.array([], pa.utf8()))
             return
         data, lengths, batch_ids, epoch_seqs = _to_arrow(self._domain_id, segments,
-                                                         self._transpose, self._encode_events)
+                                                         self._transpose, self._event_columns)
         if self._segment_digests is not None:  # C: each item (one segment) built and hashed
             digests = _native_digests(self._segment_digests, self._domain_id, batch_ids,
                                       lengths, data)
@@ -411,19 +411,19 @@ class Shipper:
 
 
 def _to_arrow(domain_id: int, segments: list[_BatchItem],
-              transpose: Transpose, encode_events: EventEncoder | None = None,
+              transpose: Transpose, event_columns: EventEncoder | None = None,
               ) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray, np.ndarray]:
     """Encode the segments' events as one record batch; also return each one's length,
     batch id and epoch seq.
 
     Transposed with ``transpose`` and ``chain`` (C loops, with the native module): no
-    Python step per event; with ``encode_events`` (C) the variable columns are built in
+    Python step per event; with ``event_columns`` (C) the variable columns are built in
     one pass, straight into Arrow's buffers (the codec encodes whatever it leaves)."""
     batch_ids, epochs, seq_starts, lists, _closed = transpose(segments, 5)
     lengths = np.fromiter(map(len, lists), np.int64, len(lists))
     offsets = np.cumsum(lengths) - lengths
     n = int(lengths.sum())
-    encoded = encode_events(lists) if encode_events is not None else None
+    encoded = event_columns(lists) if event_columns is not None else None
     if encoded is not None:
         variable = [pa.Array.from_buffers(kind, n, [None, pa.py_buffer(ends),
                                                     pa.py_buffer(data)])

@@ -25,6 +25,6 @@ except ImportError as exc:  # not built (no compiler at install time): pure Pyth
 else:
     _native.bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO)
     # CellWriter's checks: the same set of names already seen, check_write for the rest;
-    # ABSENT for encode_events.
+    # ABSENT for event_columns.
     _native.bind_checks(_known_names, check_write, ABSENT)
     NATIVE, NATIVE_ERROR = _native, None

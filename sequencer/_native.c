@@ -1975,7 +1975,7 @@ event_list(PyObject *module, PyObject *Py_UNUSED(ignored))
     return untracked(PyList_New(0));
 }
 
-/* ---- encode_events: a shipment's event columns in Arrow's layout, in one pass -------- */
+/* ---- event_columns: a shipment's event columns in Arrow's layout, in one pass -------- */
 
 
 /* The bytes of `v` in its column: tagged (sinks.codec.encode_value) or, for the table
@@ -2061,7 +2061,7 @@ put_column_value(unsigned char *p, PyObject *v, int tagged)
     return p;  /* ABSENT: no bytes */
 }
 
-/* encode_events(lists): the five variable columns (table, row, column, old, new) of the
+/* event_columns(lists): the five variable columns (table, row, column, old, new) of the
  * events in `lists` (a list of lists of 5-tuples, in order) as Arrow buffers, a tuple
  * of five (offsets, data) bytes pairs (offsets: n + 1 native int32); the table and
  * column as UTF-8, the others tagged as sinks.codec.encode_value does. None when any
@@ -2069,14 +2069,14 @@ put_column_value(unsigned char *p, PyObject *v, int tagged)
  * a column would pass 2 GiB): the caller then encodes in Python, which refuses what
  * must be refused with the codec's own error. */
 static PyObject *
-encode_events(PyObject *module, PyObject *lists)
+event_columns(PyObject *module, PyObject *lists)
 {
     if (ABSENT_value == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
         return NULL;
     }
     if (!PyList_Check(lists)) {
-        PyErr_SetString(PyExc_TypeError, "encode_events(lists: list[list[tuple]])");
+        PyErr_SetString(PyExc_TypeError, "event_columns(lists: list[list[tuple]])");
         return NULL;
     }
     Py_ssize_t m = PyList_GET_SIZE(lists), n = 0;
@@ -2162,13 +2162,13 @@ static PyMethodDef module_methods[] = {
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
     {"event_list", event_list, METH_NOARGS,
      "event_list(): a new empty list untracked by the collector (a batch's events)."},
-    {"encode_events", encode_events, METH_O,
-     "encode_events(lists): the table, row, column, old and new columns of the events "
+    {"event_columns", event_columns, METH_O,
+     "event_columns(lists): the table, row, column, old and new columns of the events "
      "in lists (of lists of 5-tuples) as Arrow (offsets, data) buffers, or None: "
      "encode them in Python (sinks.codec)."},
     {"bind_checks", bind_checks, METH_VARARGS,
      "bind_checks(known_names, check_write, ABSENT): the set of names already checked, "
-     "the checks CellWriter calls for anything else, and ABSENT (for encode_events); "
+     "the checks CellWriter calls for anything else, and ABSENT (for event_columns); "
      "sequencer._accel calls it once."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "

@@ -1,4 +1,4 @@
-"""``sequencer._native.encode_events``: a shipment's variable event columns in Arrow's
+"""``sequencer._native.event_columns``: a shipment's variable event columns in Arrow's
 layout, built in C. The reference is ``sinks.codec`` (UTF-8 names, ``encode_value``'s
 tagged bytes); whatever the codec would refuse, or C does not know, comes back as None
 so the shipper encodes it in Python and the codec refuses it with its own error."""
@@ -39,7 +39,7 @@ def columns(encoded: Any, n: int) -> list[list[bytes]]:
 @given(shipments)
 def test_the_columns_hold_the_codecs_bytes(lists: list[list[tuple[Any, ...]]]) -> None:
     flat = [e for segment in lists for e in segment]
-    got = columns(native().encode_events(lists), len(flat))
+    got = columns(native().event_columns(lists), len(flat))
     want = [[e[0].encode() for e in flat], [encode_value(e[1]) for e in flat],
             [e[2].encode() for e in flat], [encode_value(e[3]) for e in flat],
             [encode_value(e[4]) for e in flat]]
@@ -67,11 +67,11 @@ def test_anything_else_is_left_to_the_codec(lists: list[list[tuple[Any, ...]]],
     event = list(segment[at])
     event[column] = value
     segment[at] = tuple(event)
-    assert native().encode_events(lists) is None
+    assert native().event_columns(lists) is None
 
 
 def test_shapes_other_than_lists_of_5_tuples_are_left_to_the_codec() -> None:
-    encode = native().encode_events
+    encode = native().event_columns
     good = ("t", 1, "c", None, 2)
     assert encode([[good]]) is not None
     assert encode([[good[:4]]]) is None
