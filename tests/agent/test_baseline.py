@@ -37,9 +37,11 @@ def _prepopulated(rng: random.Random, rows: int) -> MemoryStore:
     return MemoryStore(cells)
 
 
-def _writer(agent: Agent, seed: int, stop: threading.Event) -> None:
+def _writer(agent: Agent, seed: int, stop: threading.Event, limit: int | None = None) -> None:
     rng = random.Random(seed)
-    while not stop.is_set():
+    for _ in itertools.count() if limit is None else range(limit):
+        if stop.is_set():
+            break
         with agent.batch():
             for _ in range(rng.randrange(1, 5)):
                 table = rng.choice(["t", "u", "v"])
@@ -55,7 +57,7 @@ def _writer(agent: Agent, seed: int, stop: threading.Event) -> None:
                     agent.set(table, row, column, rng.randrange(1000))
 
 
-def _run(seed: int, rows: int, chunk_rows: int, writers: int
+def _run(seed: int, rows: int, chunk_rows: int, writers: int, limit: int | None = None
          ) -> tuple[MemorySink, dict[int, dict[Any, bytes]], Any]:
     rng = random.Random(seed)
     store = _prepopulated(rng, rows)
@@ -64,7 +66,7 @@ def _run(seed: int, rows: int, chunk_rows: int, writers: int
     agent = Agent(store, sink, on_quiescence=lambda m: truth.__setitem__(
         m.epoch_seq, _bits(store.snapshot())))
     stop = threading.Event()
-    threads = [threading.Thread(target=_writer, args=(agent, seed * 10 + i, stop))
+    threads = [threading.Thread(target=_writer, args=(agent, seed * 10 + i, stop, limit))
                for i in range(writers)]
     for t in threads:
         t.start()
@@ -102,7 +104,10 @@ def test_baseline_under_writers_rebuilds_the_store_from_nothing(
     """Property: after a baseline taken while writers run, a consumer given no initial
     state has the store's exact state at every quiescence point (fed record by record
     and in bulk)."""
-    sink, truth, report = _run(seed, rows, chunk_rows, writers)
+    # Each writer stops after 1,000 batches (at full speed: a pause between batches
+    # would hide races at the chunk boundaries): unbounded writers create rows ahead of
+    # the walk faster than it lists them, up to 100,000 records and a minute an example.
+    sink, truth, report = _run(seed, rows, chunk_rows, writers, limit=1000)
     assert report.chunks == len(sink.snapshot_chunks) >= 1
     assert report.cells == sum(len(c) for c in sink.snapshot_chunks)
     last = report.last_point[0]

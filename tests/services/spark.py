@@ -78,7 +78,9 @@ def spark() -> Iterator[Any]:
     patch = pytest.MonkeyPatch()
     for name, value in FAKE_CREDENTIALS.items():
         patch.setenv(name, value)
-    session = start_session()
+    # Delta rebuilds a table's state in 50 partitions by default: 50 tasks for every
+    # read of a test's few-file table; 2 (one per core) give the same state.
+    session = start_session(**{"spark.databricks.delta.snapshotPartitions": "2"})
     try:
         yield session
     finally:
