@@ -187,7 +187,10 @@ def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: p
         linked[1:] |= pc.equal(old_s.slice(1), new_s.slice(0, n - 1)).to_numpy(
             zero_copy_only=False)
     heads = np.flatnonzero(first)
-    held = pa.array([state.get(k, b"") for k in cells.to_pylist()], pa.binary())
+    cell_keys = cells.to_pylist()  # each cell's bytes, made once (state lookups, output)
+    held = (pa.array(list(map(state.get, cell_keys, itertools.repeat(b"", len(cell_keys)))),
+                     pa.binary())
+            if state else pa.repeat(pa.scalar(b"", pa.binary()), len(cell_keys)))
     linked[heads] = pc.equal(old_s.take(pa.array(heads)), held).to_numpy(zero_copy_only=False)
     bad_cells = np.unique(kc_s[~linked])
     # -- the cells that chain: one (interval, cell) group per run of equal codes --------
@@ -206,7 +209,7 @@ def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: p
     rows = rows[np.argsort(g_iv[rows], kind="stable")]
     iv_list = g_iv[rows]
     pick = pa.array(rows)
-    out_keys = cells.take(pa.array(g_cell[rows])).to_pylist()
+    out_keys = list(map(cell_keys.__getitem__, g_cell[rows].tolist()))
     out_finals = finals.take(pick).to_pylist()
     out_initials = initials.take(pick).to_pylist()
     if len(bad_cells):

@@ -100,6 +100,29 @@ def test_epoch_fields_leave_what_is_out_of_range_to_python(bad: dict[str, Any]) 
     assert isinstance(outcome, str), outcome  # the error's name
 
 
+class _Int(int):
+    """An int subclass: read the generic way, as before."""
+
+
+@pytest.mark.parametrize("value", [
+    0, 1, (1 << 30) - 1, 1 << 30, (1 << 60) - 1, 1 << 60, (1 << 63) + 12345, (1 << 64) - 1,
+    1 << 64, (1 << 64) + 1, 1 << 90, -1, -(1 << 60), True, _Int((1 << 64) - 2), _Int(-5)])
+def test_epoch_fields_read_each_int_as_python_does(value: int) -> None:
+    """The C pass reads exact ints from their digits: every value of 0..2**64-1 the same
+    as PyLong_AsUnsignedLongLong; any other leaves the records to Python."""
+    record = EpochRecord(7, 1, 0, 5, 1, True, (("t", 1),), "")
+    for name in ("domain_id", "epoch_seq", "begin_id", "end_id", "event_count"):
+        rows = [record, EpochRecord(**{**_fields(record), name: value})]
+        found = native().epoch_fields(rows)
+        if not 0 <= value < 1 << 64:
+            assert found is None, (name, value)
+            continue
+        assert found is not None, (name, value)
+        column = ["epoch_seq", "begin_id", "end_id", "event_count", "domain_id"].index(name)
+        ints = np.frombuffer(found[0], dtype=np.uint64).reshape(5, 2)
+        assert int(ints[column][1]) == value, (name, value)
+
+
 def _fields(record: EpochRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
