@@ -341,3 +341,47 @@ def test_a_failing_source_hands_out_the_groups_taken_first() -> None:
         for changeset in Assembler().changesets(source()):
             seen.append(changeset.epoch_seq)
     assert seen == [2 * k for k in range(1, 21)]
+
+
+one_table_epochs = st.lists(st.tuples(
+    st.integers(0, 3),  # the record's event count (0: the epoch is not checked)
+    st.lists(st.tuples(st.sampled_from(["t", "t", "u"]), st.integers(0, 3)), max_size=2),
+    st.integers(0, 3)), min_size=1, max_size=8)  # events found (table "t", or one "u")
+
+
+@settings(max_examples=150, deadline=None)
+@given(one_table_epochs, st.booleans())
+@example([(1, [("t", 0)], 0), (1, [("t", 1)], 1)], False)  # a count of 0 listed: refused
+@example([(1, [("t", 0)], 1), (1, [], 1)], False)  # the general way: counts part first
+def test_one_table_counts_flag_the_first_epoch_the_reference_refuses(
+        epochs: list[tuple[int, list[tuple[str, int]], int]], foreign: bool) -> None:
+    """The one-table shortcut of ``first_table_fault`` flags exactly the first epoch with
+    events whose per-table counts the reference (``dict(table_counts) != seen``) refuses;
+    logs of another kind (two tables, a table listed twice) go the general way, which
+    flags no later epoch than the reference (and none it accepts, but for a table
+    listed twice: refused there, as the docstring says)."""
+    rows = [EpochRecord(7, k + 1, k, k + 1, count, True, tuple(listed), "")
+            for k, (count, listed, _) in enumerate(epochs)]
+    columns = EpochColumns.of_records(rows)
+    epoch_index = np.repeat(np.arange(len(epochs)), [found for _, _, found in epochs])
+    tables = ["t"] * len(epoch_index)
+    if foreign and tables:
+        tables[-1] = "u"
+    refused = []
+    lists_tables = any(listed for _, listed, _ in epochs)  # else the reference skips
+    for k, (count, listed, _) in enumerate(epochs if lists_tables else ()):
+        seen: dict[str, int] = {}
+        for i in np.flatnonzero(epoch_index == k).tolist():
+            seen[tables[i]] = seen.get(tables[i], 0) + 1
+        if count and dict(listed) != seen:
+            refused.append(k)
+    found = columns_module.first_table_fault(columns, pa.array(tables, pa.utf8()), epoch_index)
+    shortcut = columns_module._one_table_fault(columns, pa.array(tables, pa.utf8()),
+                                               epoch_index, columns.counts != 0)
+    if shortcut is not columns_module._NOT_ONE_TABLE:
+        assert found == (refused[0] if refused else None)
+    elif refused:  # the general way may be stricter, never more lenient
+        assert found is not None and found <= refused[0]
+    elif found is not None:  # stricter: it refuses a table listed twice
+        listed = [name for name, _ in epochs[found][1]]
+        assert len(set(listed)) < len(listed)
