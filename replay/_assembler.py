@@ -498,6 +498,14 @@ class Assembler:
                     return False
         return True
 
+    def _store_deferred(self, records: list[EpochRecord]) -> None:
+        """``feed(record, defer=True)`` for each of ``records``, in order, in one step."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if records:
+            self._store_records(records)
+
     def _store_records(self, records: list[EpochRecord]) -> None:
         """Store epoch records as ``_take`` met them. The usual case (one domain,
         consecutive seqs, all beyond what is held) becomes one piece of the tail, as
