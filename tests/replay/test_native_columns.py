@@ -385,3 +385,29 @@ def test_one_table_counts_flag_the_first_epoch_the_reference_refuses(
     elif found is not None:  # stricter: it refuses a table listed twice
         listed = [name for name, _ in epochs[found][1]]
         assert len(set(listed)) < len(listed)
+
+
+def test_a_run_applies_each_cells_last_value_deletes_included() -> None:
+    """One run of one-write intervals: cells deleted, deleted then set again, set then
+    deleted, all in the same run. The state after it is the store's (a cell whose last
+    value is ABSENT is gone, one set again after a delete is there)."""
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    sink = MemorySink()
+    store = MemoryStore()
+    agent = Agent(store, sink)
+    for row in range(6):
+        agent.set("t", row, "c", row)
+    agent.delete("t", 0, "c")  # deleted
+    agent.delete("t", 1, "c")
+    agent.set("t", 1, "c", "again")  # deleted, then set again
+    agent.set("t", 2, "c", "new")
+    agent.delete("t", 2, "c")  # set, then deleted
+    agent.close()
+    log = [EventBatch.from_events(sink.events), *sink.epochs]
+    assembler = Assembler()
+    handed = list(assembler.changesets(log))
+    assert len(handed) == 11
+    assert assembler.state == {("t", 1, "c"): "again", ("t", 3, "c"): 3, ("t", 4, "c"): 4,
+                               ("t", 5, "c"): 5}
