@@ -80,71 +80,77 @@ class Changeset:
     ``changes`` maps each changed cell to its new value (``ABSENT``: removed);
     ``before`` maps the same cells to the value they had. ``position`` is the token
     to store with the applied state. Read-only; cells are decoded on first access (a
-    run of intervals verified together shares one flat store of encoded cells).
+    run of intervals verified together shares one flat store of encoded cells, and
+    one record of their quiescence points, counts and positions).
     """
 
-    __slots__ = ("_decoded", "_domain_id", "_epoch_seq", "_event_count", "_index", "_net",
-                 "_position")
+    # A changeset is its run and its index in it (_RunChangeset: two slots, built for
+    # each of a run's intervals); the position and the decoded cells are cached.
+    __slots__ = ("_decoded", "_index", "_position", "_run")
+    _decoded: tuple[dict[Cell, Value | Absent], dict[Cell, Value | Absent]]
+    _position: Position
+    _run: _Run | _One
 
     def __init__(self, domain_id: int, epoch_seq: int, event_count: int,
                  position: Position | _RunPositions, net: NetChanges, index: int) -> None:
-        self._domain_id = domain_id
-        self._epoch_seq = epoch_seq
-        self._event_count = event_count
-        self._position = position
-        self._net = net
+        self._run = _One(domain_id, epoch_seq, event_count, position, net, index)
         self._index = index
-        self._decoded: tuple[dict[Cell, Value | Absent], dict[Cell, Value | Absent]] | None = (
-            None)
 
     @property
     def domain_id(self) -> int:
-        return self._domain_id
+        return self._run.domain_id
 
     @property
     def epoch_seq(self) -> int:
         """The quiescence point this changeset ends at."""
-        return self._epoch_seq
+        return self._run.seqs[self._index]
 
     @property
     def event_count(self) -> int:
         """How many events (duplicates dropped) the interval held."""
-        return self._event_count
+        return self._run.counts[self._index]
 
     @property
     def position(self) -> Position:
-        position = self._position
-        if not isinstance(position, Position):
-            position = self._position = position.at(self._index, self._epoch_seq)
-        return position
+        try:
+            return self._position
+        except AttributeError:
+            position = self._position = self._run.position_at(self._index)
+            return position
+
+    @property
+    def _net(self) -> NetChanges:
+        return self._run.net
 
     def _end_id(self) -> int:
         """The position's end id, without building the position."""
-        position = self._position
-        if isinstance(position, Position):
-            return position.end_id
-        return position.end_ids[self._index]
+        return self._run.end_id_at(self._index)
 
     def _slice(self, column: list[bytes]) -> list[bytes]:
-        bounds = self._net.bounds
+        bounds = self._run.net.bounds
         return column[bounds[self._index]:bounds[self._index + 1]]
 
     @property
     def _changes(self) -> dict[bytes, bytes]:
         """Encoded cell -> encoded final value (``b""``: ABSENT)."""
-        return dict(zip(self._slice(self._net.keys), self._slice(self._net.finals), strict=True))
+        net = self._run.net
+        return dict(zip(self._slice(net.keys), self._slice(net.finals), strict=True))
 
     @property
     def _before(self) -> dict[bytes, bytes]:
-        return dict(zip(self._slice(self._net.keys), self._slice(self._net.initials),
-                        strict=True))
+        net = self._run.net
+        return dict(zip(self._slice(net.keys), self._slice(net.initials), strict=True))
 
     def _decode(self) -> tuple[dict[Cell, Value | Absent], dict[Cell, Value | Absent]]:
-        if self._decoded is None:
-            cells = [_decode_cell(k) for k in self._slice(self._net.keys)]
-            self._decoded = (
-                dict(zip(cells, map(decode_value, self._slice(self._net.finals)), strict=True)),
-                dict(zip(cells, map(decode_value, self._slice(self._net.initials)), strict=True)))
+        try:
+            return self._decoded
+        except AttributeError:
+            pass
+        net = self._run.net
+        cells = [_decode_cell(k) for k in self._slice(net.keys)]
+        self._decoded = (
+            dict(zip(cells, map(decode_value, self._slice(net.finals)), strict=True)),
+            dict(zip(cells, map(decode_value, self._slice(net.initials)), strict=True)))
         return self._decoded
 
     @property
@@ -156,7 +162,7 @@ class Changeset:
         return self._decode()[1]
 
     def __len__(self) -> int:
-        bounds = self._net.bounds
+        bounds = self._run.net.bounds
         return bounds[self._index + 1] - bounds[self._index]
 
     def __repr__(self) -> str:
@@ -473,25 +479,32 @@ class Assembler:
         ends (True). The loop is ``feed(record, defer=True)`` unrolled for speed: epoch
         records are gathered and stored together (``_store_records``) before any other
         record, when the source ends and when it fails."""
+        # groupby gathers each run of epoch records in C. It holds no record back while
+        # one is handled (only between groups, where none is), so returning mid-group
+        # loses nothing; list.extend keeps what it took before the source failed.
         epoch_type, batch_type, run_type = EpochRecord, EventBatch, EpochRun
-        pending: list[EpochRecord] = []
-        gather = pending.append
-        try:
-            for record in source:
-                kind = type(record)
-                if kind is epoch_type:
-                    gather(record)  # type: ignore[arg-type]
-                    continue
-                if pending:
-                    self._store_records(pending)
-                    pending = []
-                    gather = pending.append
-                if not self._take_one(record, kind is batch_type, kind is run_type):
+        for kind, group in itertools.groupby(source, type):
+            if kind is epoch_type:
+                pending: list[EpochRecord] = []
+                try:
+                    pending.extend(group)  # type: ignore[arg-type]
+                finally:
+                    if pending:
+                        self._store_records(pending)
+                continue
+            is_batch, is_run = kind is batch_type, kind is run_type
+            for record in group:
+                if not self._take_one(record, is_batch, is_run):
                     return False
-        finally:
-            if pending:
-                self._store_records(pending)
         return True
+
+    def _store_deferred(self, records: list[EpochRecord]) -> None:
+        """``feed(record, defer=True)`` for each of ``records``, in order, in one step."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if records:
+            self._store_records(records)
 
     def _store_records(self, records: list[EpochRecord]) -> None:
         """Store epoch records as ``_take`` met them. The usual case (one domain,
@@ -763,10 +776,11 @@ class Assembler:
             return min(found)
         # Verified: apply (each cell's last final), then move the position.
         state = self._state
-        last = dict(zip(net.keys, net.finals, strict=True))
-        state.update(last)
-        for key in [k for k, v in last.items() if not v]:
-            del state[key]
+        state.update(zip(net.keys, net.finals, strict=True))  # in order: the last stays
+        if not all(net.finals):  # some cell ended ABSENT (b""): the state holds none
+            for key in [k for k, v in zip(net.keys, net.finals, strict=True) if not v]:
+                if state.get(key) == b"":
+                    del state[key]
         self.late_duplicates += late
         domain.chunks = rest
         last_seq = int(epochs.seqs[-1])
@@ -921,25 +935,67 @@ def _drop_applied(domain: _Domain, last_seq: int) -> None:
 
 class _Run:
     """The changesets of a run of intervals verified and applied together, each built
-    when iterated: a consumer that lets each go keeps one alive, not one per interval."""
+    when iterated: a consumer that lets each go keeps one alive, not one per interval.
+    Each changeset is this run and its index: what they share lives here once."""
 
-    __slots__ = ("_domain_id", "_net", "_positions", "_seqs")
+    __slots__ = ("counts", "domain_id", "net", "positions", "seqs")
 
     def __init__(self, domain_id: int, seqs: list[int], net: NetChanges,
                  positions: _RunPositions) -> None:
-        self._domain_id = domain_id
-        self._seqs = seqs  # each changeset's quiescence point
-        self._net = net
-        self._positions = positions
+        self.domain_id = domain_id
+        self.seqs = seqs  # each changeset's quiescence point
+        self.counts = net.counts  # ... and event count
+        self.net = net
+        self.positions = positions
 
     def __len__(self) -> int:
-        return len(self._seqs)
+        return len(self.seqs)
 
     def __iter__(self) -> Iterator[Changeset]:
-        n = len(self._seqs)
-        return map(Changeset, itertools.repeat(self._domain_id, n), self._seqs,
-                   self._net.counts, itertools.repeat(self._positions, n),
-                   itertools.repeat(self._net, n), range(n))
+        return map(_RunChangeset, itertools.repeat(self, len(self.seqs)), range(len(self.seqs)))
+
+    def position_at(self, index: int) -> Position:
+        return self.positions.at(index, self.seqs[index])
+
+    def end_id_at(self, index: int) -> int:
+        return self.positions.end_ids[index]
+
+
+class _RunChangeset(Changeset):
+    """A changeset of a ``_Run``: two slots set, the fewest a changeset can cost."""
+
+    __slots__ = ()
+
+    def __init__(self, run: _Run, index: int) -> None:
+        self._run = run
+        self._index = index
+
+
+class _One:
+    """What ``Changeset(...)`` was given, for one changeset: a run of one, kept at its
+    index in ``net`` (several may share one ``net``)."""
+
+    __slots__ = ("_position", "counts", "domain_id", "net", "seqs")
+
+    def __init__(self, domain_id: int, epoch_seq: int, event_count: int,
+                 position: Position | _RunPositions, net: NetChanges, index: int) -> None:
+        self.domain_id = domain_id
+        self.seqs = {index: epoch_seq}
+        self.counts = {index: event_count}
+        self.net = net
+        self._position = position
+
+    def position_at(self, index: int) -> Position:
+        position = self._position
+        if isinstance(position, Position):
+            return position
+        return position.at(index, self.seqs[index])
+
+    def end_id_at(self, index: int) -> int:
+        position = self._position
+        if isinstance(position, Position):
+            return position.end_id
+        return position.end_ids[index]
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,17 +144,35 @@ def _broken(group: int, n_cells: int, cells: pa.Array, why: str) -> BrokenChain:
     return BrokenChain(interval, cells[cell].as_py(), why)
 
 
-@dataclass(frozen=True, slots=True)
 class NetChanges:
     """What a run of intervals changed, flat and in interval order: interval ``i``'s
     entries are ``keys[bounds[i]:bounds[i + 1]]`` (finals, ``b""`` for ABSENT, and
-    initials alike); ``counts[i]`` is how many events it had."""
+    initials alike); ``counts[i]`` is how many events it had.
 
-    keys: list[bytes]
-    finals: list[bytes]
-    initials: list[bytes]
-    bounds: list[int]
-    counts: list[int]
+    ``initials`` may be given as an Arrow array: it becomes a list when first read (most
+    consumers of a run of tiny intervals never ask for ``before``)."""
+
+    __slots__ = ("_initials", "bounds", "counts", "finals", "keys")
+
+    def __init__(self, keys: list[bytes], finals: list[bytes],
+                 initials: list[bytes] | pa.Array, bounds: list[int], counts: list[int]
+                 ) -> None:
+        self.keys = keys
+        self.finals = finals
+        self._initials = initials
+        self.bounds = bounds
+        self.counts = counts
+
+    @property
+    def initials(self) -> list[bytes]:
+        initials = self._initials
+        if isinstance(initials, pa.Array):
+            initials = self._initials = initials.to_pylist()
+        return initials
+
+    def __repr__(self) -> str:
+        return (f"NetChanges(keys={self.keys!r}, finals={self.finals!r}, "
+                f"initials={self.initials!r}, bounds={self.bounds!r}, counts={self.counts!r})")
 
 
 def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: pa.Array,
@@ -187,7 +205,10 @@ def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: p
         linked[1:] |= pc.equal(old_s.slice(1), new_s.slice(0, n - 1)).to_numpy(
             zero_copy_only=False)
     heads = np.flatnonzero(first)
-    held = pa.array([state.get(k, b"") for k in cells.to_pylist()], pa.binary())
+    cell_keys = cells.to_pylist()  # each cell's bytes, made once (state lookups, output)
+    held = (pa.array(list(map(state.get, cell_keys, itertools.repeat(b"", len(cell_keys)))),
+                     pa.binary())
+            if state else pa.repeat(pa.scalar(b"", pa.binary()), len(cell_keys)))
     linked[heads] = pc.equal(old_s.take(pa.array(heads)), held).to_numpy(zero_copy_only=False)
     bad_cells = np.unique(kc_s[~linked])
     # -- the cells that chain: one (interval, cell) group per run of equal codes --------
@@ -206,9 +227,10 @@ def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: p
     rows = rows[np.argsort(g_iv[rows], kind="stable")]
     iv_list = g_iv[rows]
     pick = pa.array(rows)
-    out_keys = cells.take(pa.array(g_cell[rows])).to_pylist()
+    out_keys = list(map(cell_keys.__getitem__, g_cell[rows].tolist()))
     out_finals = finals.take(pick).to_pylist()
-    out_initials = initials.take(pick).to_pylist()
+    picked_initials = initials.take(pick)
+    out_initials: list[bytes] | pa.Array = picked_initials  # a list when read
     if len(bad_cells):
         mask = pa.array(np.isin(kc, bad_cells))
         slow = cancel_out(state, keys.filter(mask), old.filter(mask), new.filter(mask),
@@ -220,7 +242,8 @@ def net_changes(state: dict[bytes, bytes], keys: pa.Array, old: pa.Array, new: p
         merged = np.argsort(merged_iv, kind="stable").tolist()
         all_keys = out_keys + [k for r in slow for k in r.changes]
         all_finals = out_finals + [v for r in slow for v in r.changes.values()]
-        all_initials = out_initials + [r.before[k] for r in slow for k in r.changes]
+        all_initials = picked_initials.to_pylist() + [r.before[k] for r in slow
+                                                      for k in r.changes]
         out_keys = [all_keys[i] for i in merged]
         out_finals = [all_finals[i] for i in merged]
         out_initials = [all_initials[i] for i in merged]

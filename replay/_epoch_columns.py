@@ -222,6 +222,9 @@ def first_table_fault(columns: EpochColumns, tables: pa.Array, epoch_index: np.n
         return None
     n = len(columns)
     checked = columns.counts != 0
+    one = _one_table_fault(columns, tables, epoch_index, checked)
+    if one is not _NOT_ONE_TABLE:
+        return one  # type: ignore[return-value]
     item_epoch = np.repeat(np.arange(n, dtype=np.int64), np.diff(columns.table_offsets))
     encoded = pc.dictionary_encode(pa.concat_arrays([tables, names]))
     codes = encoded.indices.to_numpy().astype(np.int64)
@@ -241,19 +244,41 @@ def first_table_fault(columns: EpochColumns, tables: pa.Array, epoch_index: np.n
         epoch_index[events_checked].astype(np.int64) * width + event_codes[events_checked],
         return_counts=True)
     # Both sides sorted by key: the same keys with the same counts, or a fault at the
-    # first key found on one side only (or with another count).
-    if len(seen_key) != len(exp_key):
-        diff = np.setxor1d(seen_key, exp_key)
-        if len(diff):
-            faults.append(int(diff[0] // width))
-        else:  # the same keys, one listed twice: flagged above
-            pass
-    else:
-        bad = np.flatnonzero((seen_key != exp_key)
-                             | (seen_count.astype(np.uint64) != exp_count))
-        if len(bad):
-            faults.append(int(min(seen_key[bad[0]], exp_key[bad[0]]) // width))
+    # first key where they part (found on one side only, or with another count). Up to
+    # there both agree, so the smaller of the two keys there is the first fault.
+    m = min(len(seen_key), len(exp_key))
+    bad = np.flatnonzero((seen_key[:m] != exp_key[:m])
+                         | (seen_count[:m].astype(np.uint64) != exp_count[:m]))
+    if len(bad):
+        faults.append(int(min(seen_key[bad[0]], exp_key[bad[0]]) // width))
+    elif len(seen_key) != len(exp_key):  # one side goes on: its next key is the fault
+        longer = seen_key if len(seen_key) > m else exp_key
+        faults.append(int(longer[m] // width))
     return min(faults) if faults else None
+
+
+_NOT_ONE_TABLE: Final = object()
+
+
+def _one_table_fault(columns: EpochColumns, tables: pa.Array, epoch_index: np.ndarray,
+                     checked: np.ndarray) -> int | object | None:
+    """``first_table_fault`` where every event is of one table, the one every record
+    names, and each record with events lists it once (a one-table log): the first epoch
+    with events whose count of events is not its table's count (or that count is 0, which
+    the reference refuses too). ``_NOT_ONE_TABLE`` where the log is not of that kind."""
+    names = columns.table_names
+    if (not len(tables) or not len(names) or tables.null_count or names.null_count
+            or not (np.diff(columns.table_offsets)[checked] == 1).all()):
+        return _NOT_ONE_TABLE
+    name = names[0]
+    if not (pc.all(pc.equal(names, name)).as_py() and pc.all(pc.equal(tables, name)).as_py()):
+        return _NOT_ONE_TABLE
+    n = len(columns)
+    seen = np.bincount(epoch_index, minlength=n)[:n].astype(np.uint64)
+    expected = np.zeros(n, dtype=np.uint64)
+    expected[checked] = columns.table_counts[columns.table_offsets[:-1][checked]]
+    bad = np.flatnonzero(checked & ((seen != expected) | (expected == 0)))
+    return int(bad[0]) if len(bad) else None
 
 
 def first_setsum_fault(columns: EpochColumns, data: pa.Table | pa.RecordBatch,

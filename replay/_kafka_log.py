@@ -532,7 +532,8 @@ class KafkaLog:
             for batch in epoch.batches:
                 self.assembler.feed(batch)
             self._ready_events += epoch.events
-            self.assembler.feed(epoch.whole, defer=True)
+        # Their whole records in one step (a run of them is kept as columns).
+        self.assembler._store_deferred([epoch.whole for epoch in queued[:fault_at]])
         if checked.error is not None:
             raise checked.error
 

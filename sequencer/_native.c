@@ -1519,6 +1519,36 @@ ef_get(PyObject *record, int i)
     return PyObject_GetAttr(record, EF_NAMES[i]);
 }
 
+/* An int as uint64 (the value of PyLong_AsUnsignedLongLong, which converts ints of
+ * more than one digit through a byte array: most of epoch_fields' time on 64-bit ids).
+ * An exact int of up to 64 bits is read from its 30-bit digits; anything else goes the
+ * generic way. Returns 0, or -1 (with or without an error set) where that one fails or
+ * v is no int. */
+static inline int
+ef_u64(PyObject *v, uint64_t *out)
+{
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+    if (PyLong_CheckExact(v)) {
+        Py_ssize_t size = Py_SIZE(v);
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        if (size >= 0 && size <= 3 && (size < 3 || (d[2] >> 4) == 0)) {
+            uint64_t x = 0;
+            for (Py_ssize_t i = size - 1; i >= 0; i--)
+                x = (x << PyLong_SHIFT) | d[i];
+            *out = x;
+            return 0;
+        }
+    }
+#endif
+    if (!PyLong_Check(v))
+        return -1;
+    uint64_t x = PyLong_AsUnsignedLongLong(v);
+    if (x == (uint64_t)-1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
 /* Lowercase hex digit values; 0xFF for every other byte (one lookup, no branch). */
 static unsigned char HEX_VALUE[256];
 
@@ -1605,8 +1635,8 @@ epoch_fields(PyObject *module, PyObject *records)
             PyObject *v = ef_get(record, f < 4 ? f : 7);
             if (v == NULL)
                 goto done;
-            uint64_t x = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;
-            int bad = !PyLong_Check(v) || (x == (uint64_t)-1 && PyErr_Occurred());
+            uint64_t x = 0;
+            int bad = ef_u64(v, &x) < 0;
             Py_DECREF(v);
             if (bad)
                 goto other;

@@ -100,6 +100,29 @@ def test_epoch_fields_leave_what_is_out_of_range_to_python(bad: dict[str, Any]) 
     assert isinstance(outcome, str), outcome  # the error's name
 
 
+class _Int(int):
+    """An int subclass: read the generic way, as before."""
+
+
+@pytest.mark.parametrize("value", [
+    0, 1, (1 << 30) - 1, 1 << 30, (1 << 60) - 1, 1 << 60, (1 << 63) + 12345, (1 << 64) - 1,
+    1 << 64, (1 << 64) + 1, 1 << 90, -1, -(1 << 60), True, _Int((1 << 64) - 2), _Int(-5)])
+def test_epoch_fields_read_each_int_as_python_does(value: int) -> None:
+    """The C pass reads exact ints from their digits: every value of 0..2**64-1 the same
+    as PyLong_AsUnsignedLongLong; any other leaves the records to Python."""
+    record = EpochRecord(7, 1, 0, 5, 1, True, (("t", 1),), "")
+    for name in ("domain_id", "epoch_seq", "begin_id", "end_id", "event_count"):
+        rows = [record, EpochRecord(**{**_fields(record), name: value})]
+        found = native().epoch_fields(rows)
+        if not 0 <= value < 1 << 64:
+            assert found is None, (name, value)
+            continue
+        assert found is not None, (name, value)
+        column = ["epoch_seq", "begin_id", "end_id", "event_count", "domain_id"].index(name)
+        ints = np.frombuffer(found[0], dtype=np.uint64).reshape(5, 2)
+        assert int(ints[column][1]) == value, (name, value)
+
+
 def _fields(record: EpochRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
@@ -318,3 +341,73 @@ def test_a_failing_source_hands_out_the_groups_taken_first() -> None:
         for changeset in Assembler().changesets(source()):
             seen.append(changeset.epoch_seq)
     assert seen == [2 * k for k in range(1, 21)]
+
+
+one_table_epochs = st.lists(st.tuples(
+    st.integers(0, 3),  # the record's event count (0: the epoch is not checked)
+    st.lists(st.tuples(st.sampled_from(["t", "t", "u"]), st.integers(0, 3)), max_size=2),
+    st.integers(0, 3)), min_size=1, max_size=8)  # events found (table "t", or one "u")
+
+
+@settings(max_examples=150, deadline=None)
+@given(one_table_epochs, st.booleans())
+@example([(1, [("t", 0)], 0), (1, [("t", 1)], 1)], False)  # a count of 0 listed: refused
+@example([(1, [("t", 0)], 1), (1, [], 1)], False)  # the general way: counts part first
+def test_one_table_counts_flag_the_first_epoch_the_reference_refuses(
+        epochs: list[tuple[int, list[tuple[str, int]], int]], foreign: bool) -> None:
+    """The one-table shortcut of ``first_table_fault`` flags exactly the first epoch with
+    events whose per-table counts the reference (``dict(table_counts) != seen``) refuses;
+    logs of another kind (two tables, a table listed twice) go the general way, which
+    flags no later epoch than the reference (and none it accepts, but for a table
+    listed twice: refused there, as the docstring says)."""
+    rows = [EpochRecord(7, k + 1, k, k + 1, count, True, tuple(listed), "")
+            for k, (count, listed, _) in enumerate(epochs)]
+    columns = EpochColumns.of_records(rows)
+    epoch_index = np.repeat(np.arange(len(epochs)), [found for _, _, found in epochs])
+    tables = ["t"] * len(epoch_index)
+    if foreign and tables:
+        tables[-1] = "u"
+    refused = []
+    lists_tables = any(listed for _, listed, _ in epochs)  # else the reference skips
+    for k, (count, listed, _) in enumerate(epochs if lists_tables else ()):
+        seen: dict[str, int] = {}
+        for i in np.flatnonzero(epoch_index == k).tolist():
+            seen[tables[i]] = seen.get(tables[i], 0) + 1
+        if count and dict(listed) != seen:
+            refused.append(k)
+    found = columns_module.first_table_fault(columns, pa.array(tables, pa.utf8()), epoch_index)
+    shortcut = columns_module._one_table_fault(columns, pa.array(tables, pa.utf8()),
+                                               epoch_index, columns.counts != 0)
+    if shortcut is not columns_module._NOT_ONE_TABLE:
+        assert found == (refused[0] if refused else None)
+    elif refused:  # the general way may be stricter, never more lenient
+        assert found is not None and found <= refused[0]
+    elif found is not None:  # stricter: it refuses a table listed twice
+        listed = [name for name, _ in epochs[found][1]]
+        assert len(set(listed)) < len(listed)
+
+
+def test_a_run_applies_each_cells_last_value_deletes_included() -> None:
+    """One run of one-write intervals: cells deleted, deleted then set again, set then
+    deleted, all in the same run. The state after it is the store's (a cell whose last
+    value is ABSENT is gone, one set again after a delete is there)."""
+    from agent import Agent, MemoryStore
+    from sinks import MemorySink
+
+    sink = MemorySink()
+    store = MemoryStore()
+    agent = Agent(store, sink)
+    for row in range(6):
+        agent.set("t", row, "c", row)
+    agent.delete("t", 0, "c")  # deleted
+    agent.delete("t", 1, "c")
+    agent.set("t", 1, "c", "again")  # deleted, then set again
+    agent.set("t", 2, "c", "new")
+    agent.delete("t", 2, "c")  # set, then deleted
+    agent.close()
+    log = [EventBatch.from_events(sink.events), *sink.epochs]
+    assembler = Assembler()
+    handed = list(assembler.changesets(log))
+    assert len(handed) == 11
+    assert assembler.state == {("t", 1, "c"): "again", ("t", 3, "c"): 3, ("t", 4, "c"): 4,
+                               ("t", 5, "c"): 5}
