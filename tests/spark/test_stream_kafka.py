@@ -10,6 +10,7 @@ lost an event (refused).
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -153,18 +154,30 @@ def test_a_topic_streamed_while_written_and_restarted(
     check_streamed(spark.read.parquet(out).collect(), [first, second], python=final)
 
 
-def test_a_topic_that_lost_an_event_is_refused(
+def test_cli_streams_a_topic_and_refuses_one_that_lost_an_event(
         spark: Any, kafka_broker: KafkaBroker, clean: tuple[Logged, list[Message]],
-        tmp_path: Path) -> None:
-    _, messages = clean
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cdc-agent spark stream kafka://... --once`: the clean topic's table is the
+    store's final state; a copy with one event dropped stops the query (exit 1) before
+    anything of it is applied."""
+    from agent.cli import main
+
+    logged, messages = clean
+
+    def stream(uri: str, name: str) -> int:
+        return main(["spark", "stream", uri, "--out", str(tmp_path / name), "--checkpoint",
+                     str(tmp_path / f"{name}-checkpoint"), "--once", "--interval",
+                     "0 seconds"])
+
+    assert stream(logged.uri, "clean") == 0
+    assert "changed cells appended" in capsys.readouterr().err
+    states = compose_states(spark.read.parquet(str(tmp_path / "clean")).collect())
+    final: dict[Any, bytes] = {}
+    for domain_id in logged.tables:
+        final.update(states[(domain_id, max(e for d, e in states if d == domain_id))])
+    assert final == logged.final
     topic = _topic(kafka_broker, "drop")
     _produce(kafka_broker.bootstrap, topic, _drop(messages))
-    out = str(tmp_path / "changes")
-    query = _run(spark, f"kafka://{kafka_broker.bootstrap}/{topic}", out,
-                 str(tmp_path / "checkpoint"))
-    try:
-        with pytest.raises(Exception, match=r"InconsistentLog.*events of this epoch"):
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    assert not (tmp_path / "changes").exists()  # nothing of the damaged topic applied
+    assert stream(f"kafka://{kafka_broker.bootstrap}/{topic}", "dropped") == 1
+    assert re.search(r"INCONSISTENT: .*events of this epoch", capsys.readouterr().err)
+    assert not (tmp_path / "dropped").exists()  # nothing of the damaged topic applied
