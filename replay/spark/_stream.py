@@ -25,6 +25,15 @@ from that offset are read and verified. It resumes only if the table holds nothi
 after ``W`` (a micro-batch that wrote but crashed before saving leaves rows after the
 saved ``W``): otherwise, and for a log with baselines or a collected log, it replays
 the log from the start, as before.
+
+A Kafka topic written by ``KafkaSink`` (``kafka://host:port/topic``) streams the same
+way, but Kafka's offsets are per partition and an epoch spans every partition, so the
+source's offsets are again frontiers, of the quiescence points every partition vouched
+for (``replay.spark._kafka_points.TopicScan`` reads the new messages' markers in the
+driver), with the partition ends it had read (``"ends"``). Each micro-batch replays the
+topic from its start up to those ends (``LogReplay(topic_end=...)``) and writes up to
+its settled frontier after what the table holds; a topic is not resumed from a saved
+point (yet).
 """
 
 from __future__ import annotations
