@@ -151,6 +151,9 @@ class _Capture:
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         # Set by a journaled snapshot(): a clean close() marks the journal closed.
         self._baseline_journal: BaselineJournal | None = None
+        # Why the log may lack a write the store holds (a sidecar client that died
+        # between its store write and its report): sticky, so no journal says closed.
+        self._log_incomplete: str | None = None
         # Baseline snapshots (agent._baseline): while _hold > 0 no new batch opens, and
         # _last_point is the last quiescence point, (epoch_seq, end_id): (0, 0) at start.
         self._hold = 0
@@ -205,9 +208,21 @@ class _Capture:
             self._shipper.stop()
             self._sink.close()
         journal = self._baseline_journal
-        if journal is not None:  # every write is in the log: no baseline needed next start
-            journal.closed(self.domain_id)
+        if journal is not None and self._log_incomplete is None:
+            journal.closed(self.domain_id)  # every write is in the log: none next start
+        elif journal is not None:
+            log.warning("cdc.baseline_journal_left_open", reason=self._log_incomplete,
+                        consequence="the next start takes a new baseline")
         log.info("cdc.agent_closed", domain_id=f"{self.domain_id:016x}", **self.stats)
+
+    def _log_may_lack_writes(self, reason: str) -> None:
+        """The store may hold a write the log lacks (``reason``): from now on no journal
+        is adopted as closed or marked closed, so the next start takes a new baseline."""
+        if self._log_incomplete is None:
+            self._log_incomplete = reason
+            if self._baseline_journal is not None:
+                log.warning("cdc.baseline_journal_left_open", reason=reason,
+                            consequence="the next start takes a new baseline")
 
     def __enter__(self) -> _Capture:
         return self

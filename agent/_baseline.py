@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import structlog
 
 from agent._agent import QuiescenceTimeout
 from agent._baseline_journal import BaselineJournal, finished_report, note_previous
@@ -35,6 +36,8 @@ from sinks.codec import Bound, RowCells, SnapshotCell, SnapshotChunk, cells_batc
 
 if TYPE_CHECKING:
     from agent._agent import _Capture
+
+log = structlog.get_logger()
 
 __all__ = ["AsyncListableStore", "BaselineReport", "CellChunk", "ListableStore",
            "SnapshotProgress"]
@@ -344,7 +347,10 @@ def journal_recorded(agent: _Capture, journal: BaselineJournal) -> BaselineRepor
     report returned, nothing else done; anything else returns None after logging why
     a new baseline is taken."""
     previous = journal.read()
-    if previous is not None and previous["state"] == "closed":
+    if previous is not None and previous["state"] == "closed" and agent._log_incomplete:
+        log.warning("cdc.baseline_journal_not_adopted", reason=agent._log_incomplete,
+                    consequence="a new baseline is taken")
+    elif previous is not None and previous["state"] == "closed":
         report = finished_report(previous)
         journal.adopted(previous, agent.domain_id)
         agent._baseline_journal = journal  # its clean close() marks the journal closed

@@ -21,7 +21,9 @@ A clean ``close()`` of the agent then writes ``closed``. So a program calls
 ``snapshot(journal=...)`` at every start, and a baseline is taken exactly when needed.
 
 The journal is one small JSON object (``JOURNAL_VERSION``) in an object store (a
-local directory, S3, or memory), replaced whole by each ``put``.
+local directory, S3, or memory), replaced whole by each ``put``; ``closed`` is written
+only over the ``done`` entry its agent read (a conditional put). A journal records one
+domain: give each capturing agent (or sidecar) its own journal.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from sinks.objstore import NotFound, ObjectStore, ObjectStoreError, open_store
+from sinks.objstore import (
+    NotFound,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+    open_store,
+)
 
 if TYPE_CHECKING:
     from agent._baseline import BaselineReport
@@ -63,10 +71,14 @@ class BaselineJournal:
 
     def read(self) -> dict[str, Any] | None:
         """The journal's content, or None when there is none."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The journal's content and its etag (None, None when there is none)."""
         try:
-            raw, _etag = self.store.get(self.key)
+            raw, etag = self.store.get(self.key)
         except NotFound:
-            return None
+            return None, None
         try:
             entry = json.loads(raw)
             version, state = entry["version"], entry["state"]
@@ -79,7 +91,7 @@ class BaselineJournal:
                                f"version {version!r}, state {state!r}: not one this version "
                                f"writes (version {JOURNAL_VERSION}); upgrade, or remove it "
                                "to take a new baseline")
-        return dict(entry)
+        return dict(entry), etag
 
     def started(self, domain_id: int, baseline_id: int) -> None:
         """Step 1 of a baseline: it runs (a restart that finds this takes a new one)."""
@@ -97,10 +109,18 @@ class BaselineJournal:
         """Agent ``domain_id`` closed cleanly: every write is in the log. A store
         failure here is logged, not raised: the next start then retakes a baseline."""
         try:
-            entry = self.read()
+            entry, etag = self._read()
             if entry is None or entry["state"] != "done" or entry.get("domain_id") != domain_id:
                 return  # another agent's journal now: leave it
-            self._put({**entry, "state": "closed"})
+            assert etag is not None
+            # Only over the entry just read: another agent's baseline that started
+            # meanwhile ("running") must not be overwritten by "closed".
+            body = {"version": JOURNAL_VERSION, **entry, "state": "closed"}
+            self.store.put_if_match(self.key, json.dumps(body, sort_keys=True).encode(), etag)
+        except PreconditionFailed:
+            log.warning("cdc.baseline_journal_not_closed", journal=self.key,
+                        error="another agent wrote the journal meanwhile",
+                        consequence="left as that agent wrote it")
         except (ObjectStoreError, JournalError) as exc:
             log.warning("cdc.baseline_journal_not_closed", journal=self.key, error=str(exc),
                         consequence="the next start takes a new baseline")

@@ -80,7 +80,12 @@ class _Budget:
 
     def release(self, count: int) -> None:
         self.used -= count
-        if self.paused and self.used <= self.limit // 2:
+        # Resume below half the limit, or when no connection holds a whole request any
+        # more (the bytes held are paused connections' unfinished lines: waiting for
+        # the total to fall would wait for ever; resumed, one that sends more goes
+        # over the limit again and over() refuses the largest).
+        if self.paused and (self.used <= self.limit // 2
+                            or not any(r.has_request() for r in self.readers)):
             paused, self.paused = self.paused, set()
             for reader in paused:
                 reader.resume()
@@ -207,14 +212,14 @@ class _Session(asyncio.Protocol):
                 end = buffer.find(b"\n", position)
                 if end < 0:
                     if len(buffer) - position > self._max_line:
-                        return self._too_long()
+                        return self._too_long(replies)
                     if not self._ended:
                         break
                     end = len(buffer) - 1  # a last request without its newline
                     if end < position:
                         break
                 if end - position > self._max_line:
-                    return self._too_long()
+                    return self._too_long(replies)
                 line = bytes(buffer[position:end + 1])
                 position = end + 1
                 if not line.strip():
@@ -256,7 +261,9 @@ class _Session(asyncio.Protocol):
             self._transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
         replies.clear()
 
-    def _too_long(self) -> None:
+    def _too_long(self, replies: list[bytes]) -> None:
+        if replies:  # the answers to the lines before it go first
+            self._write(replies)
         self._refuse(p.encode_error(None, p.LINE_TOO_LONG, "a request line is limited to "
                                     f"{self._max_line} bytes; the connection closes (its "
                                     "open batches too)"))
@@ -484,14 +491,19 @@ class Sidecar(_Capture):
         try:
             request = p.parse_request(line)
         except p.ProtocolError as exc:
+            if connection.batches:  # maybe a report of writes made: now lost
+                self._log_may_lack_writes(f"a request was refused: {exc.message}")
             return p.encode_error(exc.request_id, exc.code, exc.message)
         except Exception as exc:  # a parser bug: still one reply, the connection stays
             log.exception("cdc.sidecar_internal_error", connection=connection.number)
+            self._log_may_lack_writes(f"a request failed to parse: {exc!r}")
             return p.encode_error(None, p.INTERNAL, f"the sidecar failed to parse the "
                                   f"request: {exc!r}")
         try:
             reply = self._handle(connection, request)
         except Exception as exc:
+            if type(request) is p.Events or type(request) is p.Close:
+                self._log_may_lack_writes(f"a report of writes was refused: {exc!r}")
             return self._error_reply(connection, request.id, exc)
         if type(reply) is bytes:
             return reply
@@ -691,12 +703,9 @@ class Sidecar(_Capture):
         log.warning("cdc.sidecar_closed_orphaned_batches", reason=reason,
                     connection=connection.number, client=connection.client,
                     batches=sorted(batches), events=events)
-        if self._baseline_journal is not None:
-            # Its client may have written the store and died before reporting: the log
-            # may lack writes, so this sidecar's close must not mark the journal closed.
-            self._baseline_journal = None
-            log.warning("cdc.baseline_journal_left_open", reason=reason,
-                        consequence="the next start takes a new baseline")
+        # Its client may have written the store and died before reporting: the log may
+        # lack writes, so no journal may say closed (one adopted later neither).
+        self._log_may_lack_writes(f"a batch was left open: {reason}")
 
 
 def _bind(path: Path, mode: int) -> socket.socket:

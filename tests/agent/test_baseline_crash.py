@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -221,7 +222,7 @@ def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
         objects = InMemoryObjectStore(f"journal-{phase}-{step}", sleep=no_sleep)
         fired: list[bool] = []
         objects.on_step = (_crash_at(step, phase, fired) if step != "closed"
-                           else _crash_at_journal_put(3, phase, fired))
+                           else _crash_at(3, phase, fired, _is_journal_put))
         store = _store()
         with contextlib.suppress(BaseException):
             _journaled_run(ProcessStore(objects), store, kind)
@@ -245,32 +246,24 @@ def test_a_journaled_baseline_crashed_at_any_store_call_is_retaken_only_if_cut(
     assert outcomes == ({False} if phase == "before" else {True, False})
 
 
-def _crash_at(step: int, phase: str, fired: list[bool]) -> Any:
+def _is_journal_put(call: Call) -> bool:
+    return call.op in ("put", "put_if_match") and call.key == _JOURNAL
+
+
+def _crash_at(nth: int, phase: str, fired: list[bool],
+              counted: Callable[[Call], bool] = lambda call: True) -> Any:
+    """A hook that crashes once, ``phase`` the ``nth`` store call that ``counted`` keeps."""
     seen = [0]
 
     def hook(call: Call) -> None:
-        if call.phase == "before":
-            seen[0] += 1
-        if call.phase == phase and seen[0] == step:
-            seen[0] = -10**9  # fire once
-            fired.append(True)
-            raise Crash(f"crash {phase} store call {step}")
-
-    return hook
-
-
-def _crash_at_journal_put(nth: int, phase: str, fired: list[bool]) -> Any:
-    seen = [0]
-
-    def hook(call: Call) -> None:
-        if call.op != "put" or call.key != _JOURNAL:
+        if not counted(call):
             return
         if call.phase == "before":
             seen[0] += 1
         if call.phase == phase and seen[0] == nth:
             seen[0] = -10**9  # fire once
             fired.append(True)
-            raise Crash(f"crash {phase} the journal's put {nth}")
+            raise Crash(f"crash {phase} store call {nth} ({call.op} {call.key})")
 
     return hook
 
@@ -285,3 +278,26 @@ def test_a_journal_from_another_version_is_refused_clearly() -> None:
     objects.put(_JOURNAL, b"not json")
     with pytest.raises(JournalError, match="not a journal"):
         BaselineJournal(objects, _JOURNAL).read()
+
+
+def test_closed_is_never_written_over_a_baseline_that_started_meanwhile() -> None:
+    """Agent A closes while agent B starts a baseline on the same journal: B's
+    ``running`` written between A's read and A's write survives (a conditional put),
+    so a crash of B is still retaken."""
+    objects = InMemoryObjectStore("journal-race", sleep=no_sleep)
+    with Agent(_store(), Wal3Sink(objects, options=_OPTIONS)) as a:
+        journal = BaselineJournal(objects, _JOURNAL)
+        a.snapshot(journal=journal)
+        assert journal.read()["state"] == "done"  # type: ignore[index]
+        get = objects.get
+
+        def get_then_b_starts(key: str) -> Any:
+            found = get(key)
+            if key == _JOURNAL:
+                objects.get = get  # type: ignore[method-assign]
+                BaselineJournal(objects, _JOURNAL).started(domain_id=0xB, baseline_id=7)
+            return found
+
+        objects.get = get_then_b_starts  # type: ignore[method-assign]
+    entry = journal.read()
+    assert entry is not None and entry["state"] == "running" and entry["domain_id"] == 0xB

@@ -287,3 +287,38 @@ def test_a_client_gone_with_a_batch_open_leaves_the_journal_for_a_retake() -> No
         sidecar.stop()
         thread.join(30)
         assert BaselineJournal.at(journal).read()["state"] == "done"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("lost", ["batch left open", "report refused"])
+def test_a_write_the_log_may_lack_keeps_a_closed_journal_from_being_adopted(lost: str) -> None:
+    """A client gone with a batch open (or whose report of writes was refused) BEFORE a
+    later ``snapshot(journal=...)``: the journal says closed from the last clean run,
+    but this sidecar's log may now lack a write, so a new baseline is taken (not the
+    recorded one adopted) and its clean close leaves the journal ``done``."""
+    from agent import BaselineJournal
+
+    with short_dir() as tmp:
+        journal, log = f"file://{tmp}/j", f"memory://sidecar-journal-lost-{lost[:5]}"
+        store = _store()
+        for run in range(2):
+            sidecar = Sidecar(Wal3Sink(log))
+            sock = tmp / f"agent-{run}.sock"
+            thread = _serve(sidecar, sock)
+            if run == 1:  # the client wrote the store, then its report never counted
+                dying = Raw(sock)
+                batch = dying.open()
+                store.exchange("accounts", 7, "balance", 777)
+                if lost == "report refused":
+                    reply = dying.call(b'{"op": "events", "id": 9, "batch": "' +
+                                       batch.encode() + b'", "events": [["accounts"]]}\n')
+                    assert "error" in reply, reply
+                    closed = dying.call({"op": "close", "id": 10, "batch": batch})
+                    assert "error" not in closed, closed  # nothing left open
+                dying.close()
+            with SidecarClient(str(sock), store) as client:
+                report = client.snapshot(chunk_rows=16, journal=journal)
+            assert report["recorded"] is False, (run, report)  # run 1: not adopted
+            sidecar.stop()
+            thread.join(30)
+            state = BaselineJournal.at(journal).read()["state"]  # type: ignore[index]
+            assert state == ("closed" if run == 0 else "done"), (run, state)

@@ -97,3 +97,39 @@ def test_a_client_sending_fast_is_slowed_not_refused(folder: Path) -> None:
 def test_the_budget_must_hold_one_whole_line() -> None:
     with pytest.raises(ValueError, match="max_buffered"):
         Sidecar(MemorySink(), max_line=1 << 20, max_buffered=1 << 10)
+
+
+class _Reader:
+    """A connection as the budget sees it."""
+
+    def __init__(self, buffered: int, request: bool) -> None:
+        self.bytes, self.request, self.paused = buffered, request, False
+
+    def buffered(self) -> int:
+        return self.bytes
+
+    def has_request(self) -> bool:
+        return self.request
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+def test_a_paused_connection_resumes_once_no_request_is_left_to_free_bytes() -> None:
+    """A connection paused while another held a request, its own unfinished line over
+    half the budget: once the other's request is handled and nothing else can free
+    bytes, it resumes (it used to stay paused for ever, its client hanging)."""
+    from agent.sidecar._server import _Budget
+
+    budget = _Budget(100)
+    busy, partial = _Reader(40, request=True), _Reader(70, request=False)
+    budget.readers = {busy, partial}  # type: ignore[assignment]
+    budget.used = 110
+    budget.over(partial)  # type: ignore[arg-type]
+    assert partial.paused and budget.paused == {partial}
+    busy.request, busy.bytes = False, 0
+    budget.release(40)  # 70 held: over half the limit, but only by unfinished lines
+    assert not partial.paused and not budget.paused

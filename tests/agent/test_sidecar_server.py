@@ -285,7 +285,8 @@ def test_a_live_socket_is_not_taken_over_but_a_stale_one_is(folder: Path) -> Non
 def test_an_overlong_line_ends_only_its_connection(folder: Path) -> None:
     """A line over the limit gets line_too_long and its connection (and its batches) close;
     other connections are untouched."""
-    served = Served(folder / "s", max_line=4096)
+    # Forced quiescence off: it would hold the second open back behind the first batch.
+    served = Served(folder / "s", max_line=4096, max_quiescence_interval=None)
     raw, other = Raw(folder / "s"), Raw(folder / "s")
     batch = raw.open()
     kept = other.open()
@@ -299,6 +300,20 @@ def test_an_overlong_line_ends_only_its_connection(folder: Path) -> None:
     other.close()
     served.stop()
     assert served.check_against_store() >= 1
+
+
+def test_lines_before_an_overlong_one_in_the_same_read_are_answered(folder: Path) -> None:
+    """A ping and a close sent in one write with an overlong line after them: both are
+    answered, in order, before line_too_long ends the connection."""
+    served = Served(folder / "s", max_line=1000)
+    raw = Raw(folder / "s")
+    batch = raw.open()
+    raw.send(b'{"op": "ping", "id": 1}\n{"op": "close", "id": 2, "batch": "' + batch.encode()
+             + b'"}\n{"op": "ping", "pad": "' + b"x" * 2000 + b'"}\n')
+    assert [raw.reply().get("id") for _ in range(2)] == [1, 2]
+    assert raw.reply()["error"] == "line_too_long"
+    raw.close()
+    served.stop()
 
 
 def test_every_value_reaches_the_log_bit_for_bit(folder: Path) -> None:
