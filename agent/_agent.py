@@ -23,7 +23,7 @@ import structlog
 
 from agent import _operations as operations
 from agent._clock import system_ids
-from agent._native import new_sequencer, unscoped_writer
+from agent._native import cell_writer, event_list, new_sequencer, unscoped_writer
 from agent._scope import BatchScope
 from agent._shipper import PendingEvent, Shipper, ShippingFailed
 from agent._store import RelaxedStore
@@ -53,6 +53,8 @@ log = structlog.get_logger()
 
 _HOLD_GRACE: Final = 0.002  # seconds a baseline lets writers in between two chunks
 SEGMENT_EVENTS: Final = 1 << 16  # events per shipped segment (sinks.codec.SEGMENT_BITS)
+# A batch's list of events (untracked by the collector with the C module).
+_new_events: Final = event_list()
 
 
 class QuiescenceTimeout(TimeoutError):
@@ -100,7 +102,7 @@ class _Batch:
 
     def __init__(self, ticket: BatchTicket) -> None:
         self.ticket = ticket
-        self.events: list[PendingEvent] = []
+        self.events: list[PendingEvent] = _new_events()
         self.seq_start = 0
         self.depth = 1
 
@@ -430,7 +432,7 @@ class _Capture:
             self._shipper.put_batch(ticket.batch_id, ticket.epoch_seq, batch.seq_start,
                                     batch.events, [])
             batch.seq_start += len(batch.events)
-            batch.events = []
+            batch.events = _new_events()
 
     def _record(self, batch: _Batch, event: PendingEvent) -> None:
         events = batch.events
@@ -458,6 +460,14 @@ class Agent(_Capture):
             clock=self._clock_ns, fallback=self._set_general, max_queue=self._max_queue)
         if writer is not None:
             self._set_unscoped = writer  # type: ignore[method-assign]
+        # And every ``set`` is one C call (sequencer._native.CellWriter: ``set`` below,
+        # step for step; keyword calls and a subclass's own ``set`` keep Python's).
+        if type(self).set is Agent.set:
+            fast_set = cell_writer(sequencer=self._sequencer, agent=self,
+                                   current=self._current, reference=Agent.set.__get__(self),
+                                   segment_events=SEGMENT_EVENTS)
+            if fast_set is not None:
+                self.set = fast_set  # type: ignore[method-assign]
 
     # -- writes: each operation is defined once in agent._operations -------------------
 

@@ -17,8 +17,9 @@ import structlog
 import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
-__all__ = ["ENV_VAR", "native_in_use", "new_ids", "new_sequencer", "segment_digests_helper",
-           "shipper_helpers", "transpose", "unscoped_writer"]
+__all__ = ["ENV_VAR", "cell_writer", "event_encoder", "event_list", "native_in_use", "new_ids",
+           "new_sequencer", "segment_digests_helper", "shipper_helpers", "transpose",
+           "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -69,6 +70,22 @@ def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | 
     return native.UnscopedWriter(sequencer=sequencer, **parts)  # type: ignore[no-any-return]
 
 
+def event_list() -> Callable[[], list[Any]]:
+    """What makes a batch's list of events: ``sequencer._native.event_list`` (a list the
+    collector does not track: events cannot lead back to it), or ``list``."""
+    native = sequencer.NATIVE
+    return list if native is None else native.event_list
+
+
+def cell_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:
+    """``Agent.set`` as one C call (``sequencer._native.CellWriter``) when ``sequencer``
+    is the C one, else None (the agent keeps its Python method)."""
+    native = globals()["sequencer"].NATIVE
+    if native is None or type(sequencer) is not native.EpochSequencer:
+        return None
+    return native.CellWriter(**parts)  # type: ignore[no-any-return]
+
+
 def transpose(rows: Sequence[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
     """The columns of ``rows`` (each a tuple of ``width`` items), as lists: what
     ``zip(*rows, strict=True)`` gives, but ``width`` lists even for no rows."""
@@ -91,6 +108,20 @@ def shipper_helpers() -> tuple[Transpose, DigestSlices | None]:
         assert sequencer.NATIVE is not None
         return sequencer.NATIVE.transpose, sequencer.NATIVE.sha3_slices
     return transpose, None
+
+
+# event_columns(lists) -> five (offsets, data) pairs, or None (the codec then encodes)
+EventEncoder = Callable[[list[Any]], tuple[tuple[bytes, bytes], ...] | None]
+
+
+def event_encoder() -> EventEncoder | None:
+    """``sequencer._native.event_columns`` (a shipment's variable event columns built in
+    one C pass, the codec's bytes), or None: the shipper then transposes the events and
+    encodes them with ``sinks.codec``."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.event_columns  # type: ignore[no-any-return]
+    return None
 
 
 # sha3_segments(bounds, domains, batches, seqs, ((offsets, values) x 5)) -> digests

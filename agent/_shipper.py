@@ -30,7 +30,14 @@ import numpy as np
 import pyarrow as pa
 import structlog
 
-from agent._native import SegmentDigests, Transpose, segment_digests_helper, shipper_helpers
+from agent._native import (
+    EventEncoder,
+    SegmentDigests,
+    Transpose,
+    event_encoder,
+    segment_digests_helper,
+    shipper_helpers,
+)
 from agent._tally import EpochTally
 from sequencer import EpochClosed, EpochRecord, RowKey
 from sinks import EventBatch, Sink, SinkBackpressure, SinkTimeout
@@ -129,6 +136,7 @@ class Shipper:
         # C when built (agent._native): a shipment's columns and its segments' SHA3s.
         self._transpose, self._digest_slices = shipper_helpers()
         self._segment_digests = segment_digests_helper()
+        self._event_columns = event_encoder()
         self._write_epochs = getattr(sink, "write_epochs", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
@@ -331,7 +339,7 @@ class Shipper:
                           pa.array([], pa.utf8()))
             return
         data, lengths, batch_ids, epoch_seqs = _to_arrow(self._domain_id, segments,
-                                                         self._transpose)
+                                                         self._transpose, self._event_columns)
         if self._segment_digests is not None:  # C: each item (one segment) built and hashed
             digests = _native_digests(self._segment_digests, self._domain_id, batch_ids,
                                       lengths, data)
@@ -403,31 +411,41 @@ class Shipper:
 
 
 def _to_arrow(domain_id: int, segments: list[_BatchItem],
-              transpose: Transpose,
+              transpose: Transpose, event_columns: EventEncoder | None = None,
               ) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray, np.ndarray]:
     """Encode the segments' events as one record batch; also return each one's length,
     batch id and epoch seq.
 
     Transposed with ``transpose`` and ``chain`` (C loops, with the native module): no
-    Python step per event."""
+    Python step per event; with ``event_columns`` (C) the variable columns are built in
+    one pass, straight into Arrow's buffers (the codec encodes whatever it leaves)."""
     batch_ids, epochs, seq_starts, lists, _closed = transpose(segments, 5)
     lengths = np.fromiter(map(len, lists), np.int64, len(lists))
-    events = list(chain.from_iterable(lists))
-    n = len(events)
     offsets = np.cumsum(lengths) - lengths
-    tables, rows, columns, olds, news = transpose(events, 5)
+    n = int(lengths.sum())
+    encoded = event_columns(lists) if event_columns is not None else None
+    if encoded is not None:
+        variable = [pa.Array.from_buffers(kind, n, [None, pa.py_buffer(ends),
+                                                    pa.py_buffer(data)])
+                    for kind, (ends, data) in zip(_VARIABLE_TYPES, encoded, strict=True)]
+    else:
+        tables, rows, columns, olds, news = transpose(list(chain.from_iterable(lists)), 5)
+        variable = [pa.array(tables, pa.utf8()), encode_keys(rows),
+                    pa.array(columns, pa.utf8()), encode_values(olds), encode_values(news)]
     seqs = np.arange(n) - np.repeat(offsets - np.array(seq_starts, np.int64), lengths)
     segment_batches = np.array(batch_ids, np.uint64)
     arrays = [
         pa.array(np.full(n, domain_id, dtype=np.uint64)),
         pa.array(np.repeat(segment_batches, lengths)),
         pa.array(seqs.astype(np.uint32)),
-        pa.array(tables, pa.utf8()),
-        encode_keys(rows), pa.array(columns, pa.utf8()),
-        encode_values(olds), encode_values(news),
+        *variable,
     ]
     return (pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), lengths, segment_batches,
             np.array(epochs, np.uint64))
+
+
+# Arrow types of the variable columns: table, row, column, old, new (EVENT_SCHEMA's).
+_VARIABLE_TYPES: Final = (pa.utf8(), pa.binary(), pa.utf8(), pa.binary(), pa.binary())
 
 
 # The columns of a segment's setsum item after the seqs: table, row, column, old, new.

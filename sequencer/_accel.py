@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from sequencer._epochs import QUIESCENT, TWO, BatchTicket, EpochClosed, SequencerError
+from sequencer._values import ABSENT, _known_names, check_write
 
 __all__ = ["NATIVE", "NATIVE_ERROR"]
 
@@ -23,4 +24,7 @@ except ImportError as exc:  # not built (no compiler at install time): pure Pyth
     NATIVE, NATIVE_ERROR = None, f"{type(exc).__name__}: {exc}"
 else:
     _native.bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO)
+    # CellWriter's checks: the same set of names already seen, check_write for the rest;
+    # ABSENT for event_columns.
+    _native.bind_checks(_known_names, check_write, ABSENT)
     NATIVE, NATIVE_ERROR = _native, None

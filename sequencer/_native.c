@@ -1078,6 +1078,240 @@ static PyTypeObject WriterType = {
 };
 
 
+/* ---- CellWriter: Agent.set in one call ------------------------------------------------ */
+
+/* `Agent.set` (agent/_agent.py, the reference and the pure-Python fallback) in C: the
+ * checks of `sequencer.check_write` whose common case (names already seen, an ASCII str
+ * or 64-bit int row, a value with no range to check) is done here against the same set
+ * of known names, anything else by calling `check_write` itself; the batch in force read
+ * from the agent's ContextVar; outside any batch, the agent's `_set_unscoped` (the C
+ * UnscopedWriter, or its Python reference); inside one, `agent.store.exchange` and the
+ * event appended to the batch's list of events, its full segment handed to the agent's
+ * `_ship_segment`. Keyword arguments go to the reference. tests/agent/test_cell_native.py
+ * holds it to the reference's logs. */
+
+static PyObject *known_names, *check_write_fn;  /* bound by sequencer._accel */
+static PyObject *ABSENT_value;  /* sequencer.ABSENT, bound there too */
+static PyObject *S_events_list, *S_ship_segment, *S_set_unscoped;
+
+static PyObject *
+bind_checks(PyObject *module, PyObject *args)
+{
+    PyObject *names, *check, *absent;
+    if (!PyArg_ParseTuple(args, "O!OO", &PySet_Type, &names, &check, &absent))
+        return NULL;
+    Py_XSETREF(ABSENT_value, Py_NewRef(absent));
+    Py_XSETREF(known_names, Py_NewRef(names));
+    Py_XSETREF(check_write_fn, Py_NewRef(check));
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *agent, *current, *reference;
+    Py_ssize_t segment_events;
+    vectorcallfunc vectorcall;
+} CellWriter;
+
+/* `text` is an exact str, all ASCII (str.isascii): 1, 0, or -1 with the error set. */
+static int
+ascii_str(PyObject *text)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(text) < 0)
+        return -1;
+#endif
+    return PyUnicode_IS_ASCII(text);
+}
+
+/* `v` (an exact int) fits a signed 64-bit integer. */
+static int
+fits_i64(PyObject *v)
+{
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && !overflow && PyErr_Occurred())
+        return -1;
+    return !overflow;
+}
+
+/* check_write's fast test: 1 when it passes, 0 when the full checks must run, -1 with
+ * the error set. Only exact types are looked at: anything else may run Python code in
+ * `in known`, so it goes to check_write, which does that itself. */
+static int
+checks_pass(PyObject *table, PyObject *row, PyObject *column, PyObject *value)
+{
+    if (known_names == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        return -1;
+    }
+    if (!PyUnicode_CheckExact(table) || !PyUnicode_CheckExact(column))
+        return 0;
+    int r = PySet_Contains(known_names, table);
+    if (r <= 0 || (r = PySet_Contains(known_names, column)) <= 0)
+        return r;
+    if (PyUnicode_CheckExact(row))
+        r = ascii_str(row);
+    else if (PyLong_CheckExact(row))
+        r = fits_i64(row);
+    else
+        return 0;
+    if (r <= 0)
+        return r;
+    PyTypeObject *kind = Py_TYPE(value);
+    if (value == Py_None || kind == &PyBool_Type || kind == &PyFloat_Type
+        || kind == &PyBytes_Type)
+        return 1;
+    if (kind == &PyUnicode_Type)
+        return ascii_str(value);
+    if (kind == &PyLong_Type)
+        return fits_i64(value);
+    return 0;
+}
+
+static PyObject *
+CellWriter_call(CellWriter *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL)  /* keywords (or a wrong call): the reference */
+        return PyObject_Vectorcall(w->reference, args, nargs, kwnames);
+    int pass = checks_pass(args[0], args[1], args[2], args[3]);
+    if (pass < 0)
+        return NULL;
+    if (!pass) {  /* the full checks: they raise InvalidWrite, or pass */
+        PyObject *r = PyObject_Vectorcall(check_write_fn, args, 4, NULL);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *batch;
+    if (PyContextVar_Get(w->current, Py_None, &batch) < 0)
+        return NULL;
+    if (batch == Py_None) {  /* an automatic short batch for this one write */
+        Py_DECREF(batch);
+        PyObject *unscoped = PyObject_GetAttr(w->agent, S_set_unscoped);
+        if (unscoped == NULL)
+            return NULL;
+        PyObject *r = PyObject_Vectorcall(unscoped, args, 4, NULL);
+        Py_DECREF(unscoped);
+        return r;
+    }
+    PyObject *old = NULL, *store = PyObject_GetAttr(w->agent, S_store);
+    if (store == NULL)
+        goto done;
+    PyObject *call[5] = {store, args[0], args[1], args[2], args[3]};
+    old = PyObject_VectorcallMethod(S_exchange, call, 5, NULL);
+    Py_DECREF(store);
+    if (old == NULL)  /* no event: the write may not have happened */
+        goto done;
+    PyObject *events = PyObject_GetAttr(batch, S_events_list);
+    if (events == NULL)
+        goto fail;
+    PyObject *event = PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]);
+    /* Scalars only (checked above), unless the store's old value is a tracked
+     * container: untracked, as the collector itself would untrack it at its first
+     * pass (a write's event otherwise adds to every collection until shipped). */
+    if (event != NULL && !(PyObject_IS_GC(old) && PyObject_GC_IsTracked(old)))
+        PyObject_GC_UnTrack(event);
+    int rc = event == NULL ? -1 : PyList_Check(events) ? PyList_Append(events, event) : -2;
+    if (rc == -2) {  /* not a list: its own append */
+        PyObject *r = PyObject_CallMethodOneArg(events, S_append, event);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(event);
+    Py_ssize_t queued = rc < 0 ? -1 : PyObject_Length(events);
+    Py_DECREF(events);
+    if (queued < 0)
+        goto fail;
+    if (queued >= w->segment_events) {  /* a full segment goes to the shipper now */
+        PyObject *r = PyObject_CallMethodOneArg(w->agent, S_ship_segment, batch);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
+    goto done;
+fail:
+    Py_CLEAR(old);
+done:
+    Py_DECREF(batch);
+    return old;
+}
+
+static int
+CellWriter_init(CellWriter *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"agent", "current", "reference", "segment_events", NULL};
+    PyObject *agent, *current, *reference;
+    Py_ssize_t segment_events;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!On", kwlist, &agent,
+                                     &PyContextVar_Type, &current, &reference,
+                                     &segment_events))
+        return -1;
+    if (intern_names() < 0)
+        return -1;
+#define NAME(var, text) if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(S_events_list, "events") NAME(S_ship_segment, "_ship_segment")
+    NAME(S_set_unscoped, "_set_unscoped")
+#undef NAME
+    Py_XSETREF(self->agent, Py_NewRef(agent));
+    Py_XSETREF(self->current, Py_NewRef(current));
+    Py_XSETREF(self->reference, Py_NewRef(reference));
+    self->segment_events = segment_events;
+    return 0;
+}
+
+static int
+CellWriter_traverse(CellWriter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->agent);
+    Py_VISIT(self->current);
+    Py_VISIT(self->reference);
+    return 0;
+}
+
+static int
+CellWriter_clear(CellWriter *self)
+{
+    Py_CLEAR(self->agent);
+    Py_CLEAR(self->current);
+    Py_CLEAR(self->reference);
+    return 0;
+}
+
+static void
+CellWriter_dealloc(CellWriter *self)
+{
+    PyObject_GC_UnTrack(self);
+    CellWriter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+CellWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *self = PyType_GenericNew(type, args, kwds);
+    if (self != NULL)
+        ((CellWriter *)self)->vectorcall = (vectorcallfunc)CellWriter_call;
+    return self;
+}
+
+static PyTypeObject CellWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sequencer._native.CellWriter",
+    .tp_doc = "Agent.set in C: writer(table, row, column, value) -> old value.",
+    .tp_basicsize = sizeof(CellWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = CellWriter_new,
+    .tp_init = (initproc)CellWriter_init,
+    .tp_dealloc = (destructor)CellWriter_dealloc,
+    .tp_traverse = (traverseproc)CellWriter_traverse,
+    .tp_clear = (inquiry)CellWriter_clear,
+    .tp_call = Writer_tp_call,
+    .tp_vectorcall_offset = offsetof(CellWriter, vectorcall),
+};
+
+
 /* ---- helpers for the shipper: columns of tuples, SHA3 of many slices ------------------ */
 
 static PyObject *
@@ -1731,6 +1965,184 @@ done:
     return out;
 }
 
+/* event_list(): a new empty list the collector does not track, for a batch's events.
+ * It only ever holds event tuples (names, row keys, values: what the store handed
+ * back), which cannot lead back to it, so no cycle passes through it; untracked, the
+ * hundred events a batch gathers are not traversed by every young collection. */
+static PyObject *
+event_list(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return untracked(PyList_New(0));
+}
+
+/* ---- event_columns: a shipment's event columns in Arrow's layout, in one pass -------- */
+
+
+/* The bytes of `v` in its column: tagged (sinks.codec.encode_value) or, for the table
+ * and column names, its UTF-8 alone. The size, or -1 for anything C leaves to Python
+ * (the codec then encodes or refuses it, with its own error). */
+static Py_ssize_t
+column_size(PyObject *v, int tagged)
+{
+    PyTypeObject *kind = Py_TYPE(v);
+    if (kind == &PyUnicode_Type) {
+        Py_ssize_t n;
+        if (PyUnicode_AsUTF8AndSize(v, &n) == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        return n + tagged;
+    }
+    if (!tagged)
+        return -1;
+    if (kind == &PyLong_Type) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+        return 9;
+    }
+    if (kind == &PyFloat_Type)
+        return 9;
+    if (v == Py_None)
+        return 1;
+    if (kind == &PyBool_Type)
+        return 2;
+    if (kind == &PyBytes_Type)
+        return 1 + PyBytes_GET_SIZE(v);
+    if (v == ABSENT_value)
+        return 0;
+    return -1;
+}
+
+/* Write `v` as column_size measured it (it passed there); return the end. */
+static unsigned char *
+put_column_value(unsigned char *p, PyObject *v, int tagged)
+{
+    PyTypeObject *kind = Py_TYPE(v);
+    if (kind == &PyUnicode_Type) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &n);  /* cached by column_size */
+        if (tagged)
+            *p++ = 0x04;
+        memcpy(p, utf8, (size_t)n);
+        return p + n;
+    }
+    if (kind == &PyLong_Type) {
+        *p = 0x02;
+        put_be(p + 1, (uint64_t)PyLong_AsLongLong(v), 8);
+        return p + 9;
+    }
+    if (kind == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        memcpy(&bits, &d, 8);
+        *p = 0x03;
+        put_be(p + 1, bits, 8);
+        return p + 9;
+    }
+    if (v == Py_None) {
+        *p = 0x00;
+        return p + 1;
+    }
+    if (kind == &PyBool_Type) {
+        p[0] = 0x01;
+        p[1] = v == Py_True;
+        return p + 2;
+    }
+    if (kind == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        *p++ = 0x05;
+        memcpy(p, PyBytes_AS_STRING(v), (size_t)n);
+        return p + n;
+    }
+    return p;  /* ABSENT: no bytes */
+}
+
+/* event_columns(lists): the five variable columns (table, row, column, old, new) of the
+ * events in `lists` (a list of lists of 5-tuples, in order) as Arrow buffers, a tuple
+ * of five (offsets, data) bytes pairs (offsets: n + 1 native int32); the table and
+ * column as UTF-8, the others tagged as sinks.codec.encode_value does. None when any
+ * event is not a plain 5-tuple or holds anything else than the codec's exact types (or
+ * a column would pass 2 GiB): the caller then encodes in Python, which refuses what
+ * must be refused with the codec's own error. */
+static PyObject *
+event_columns(PyObject *module, PyObject *lists)
+{
+    if (ABSENT_value == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
+        return NULL;
+    }
+    if (!PyList_Check(lists)) {
+        PyErr_SetString(PyExc_TypeError, "event_columns(lists: list[list[tuple]])");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(lists), n = 0;
+    int64_t total[5] = {0, 0, 0, 0, 0};
+    for (Py_ssize_t k = 0; k < m; k++) {  /* pass 1: check every value, size each column */
+        PyObject *events = PyList_GET_ITEM(lists, k);
+        if (!PyList_Check(events))
+            Py_RETURN_NONE;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            if (!PyTuple_CheckExact(event) || PyTuple_GET_SIZE(event) != 5)
+                Py_RETURN_NONE;
+            for (int c = 0; c < 5; c++) {
+                Py_ssize_t size = column_size(PyTuple_GET_ITEM(event, c), c != 0 && c != 2);
+                if (size < 0)
+                    Py_RETURN_NONE;
+                total[c] += size;
+            }
+            n++;
+        }
+    }
+    for (int c = 0; c < 5; c++)
+        if (total[c] > INT32_MAX)
+            Py_RETURN_NONE;
+    /* Bytes objects only until pass 2 is done: they are not the collector's, so no
+     * collection (no finalizer, no Python code) can run and change the lists between
+     * the passes. */
+    PyObject *bufs[10] = {NULL};
+    int32_t *offsets[5];
+    unsigned char *data[5], *start[5];
+    for (int c = 0; c < 5; c++) {
+        bufs[2 * c] = PyBytes_FromStringAndSize(NULL, 4 * (n + 1));
+        bufs[2 * c + 1] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total[c]);
+        if (bufs[2 * c] == NULL || bufs[2 * c + 1] == NULL) {
+            for (int j = 0; j < 10; j++)
+                Py_XDECREF(bufs[j]);
+            return NULL;
+        }
+        offsets[c] = (int32_t *)PyBytes_AS_STRING(bufs[2 * c]);
+        start[c] = data[c] = (unsigned char *)PyBytes_AS_STRING(bufs[2 * c + 1]);
+        offsets[c][0] = 0;
+    }
+    Py_ssize_t row = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {  /* pass 2: what pass 1 checked, unchanged */
+        PyObject *events = PyList_GET_ITEM(lists, k);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++, row++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            for (int c = 0; c < 5; c++) {
+                data[c] = put_column_value(data[c], PyTuple_GET_ITEM(event, c), c != 0 && c != 2);
+                offsets[c][row + 1] = (int32_t)(data[c] - start[c]);
+            }
+        }
+    }
+    PyObject *result = PyTuple_New(5);
+    for (int c = 0; c < 5 && result != NULL; c++) {
+        PyObject *pair = PyTuple_Pack(2, bufs[2 * c], bufs[2 * c + 1]);
+        if (pair == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, c, pair);
+    }
+    for (int j = 0; j < 10; j++)
+        Py_DECREF(bufs[j]);
+    return result;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1748,6 +2160,16 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"event_list", event_list, METH_NOARGS,
+     "event_list(): a new empty list untracked by the collector (a batch's events)."},
+    {"event_columns", event_columns, METH_O,
+     "event_columns(lists): the table, row, column, old and new columns of the events "
+     "in lists (of lists of 5-tuples) as Arrow (offsets, data) buffers, or None: "
+     "encode them in Python (sinks.codec)."},
+    {"bind_checks", bind_checks, METH_VARARGS,
+     "bind_checks(known_names, check_write, ABSENT): the set of names already checked, "
+     "the checks CellWriter calls for anything else, and ABSENT (for event_columns); "
+     "sequencer._accel calls it once."},
     {"bind", bind, METH_VARARGS,
      "bind(BatchTicket, EpochClosed, SequencerError, QUIESCENT, TWO): the Python types "
      "and names the native types return (sequencer._accel calls it once)."},
@@ -1764,14 +2186,15 @@ PyInit__native(void)
 {
     if (PyType_Ready(&IdsType) < 0 || PyType_Ready(&SeqType) < 0)
         return NULL;
-    if (PyType_Ready(&WriterType) < 0)
+    if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&CellWriterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "MonotonicIds", (PyObject *)&IdsType) < 0
         || PyModule_AddObjectRef(m, "EpochSequencer", (PyObject *)&SeqType) < 0
-        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0) {
+        || PyModule_AddObjectRef(m, "UnscopedWriter", (PyObject *)&WriterType) < 0
+        || PyModule_AddObjectRef(m, "CellWriter", (PyObject *)&CellWriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

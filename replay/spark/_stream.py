@@ -258,6 +258,7 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     """
     from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
+    from sinks.wal3 import GarbageCollected
 
     topic = uri.startswith(KAFKA_SCHEME)
     if topic:
@@ -277,8 +278,12 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                                topic_end=None if ends is None else json.loads(ends))
         else:
             resume = load_resume(spark, saved, applied_frontier(spark, path, format))
-            replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
-                               resume=resume)
+            try:
+                replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
+                                   resume=resume)
+            except GarbageCollected:  # collected past the saved point (cdc-agent log gc)
+                resume = None  # from the start, which on a collected log is its checkpoint
+                replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
         if progress is not None:
             progress(f"micro-batch {batch_id}: " + (
                 f"the topic from its start up to offsets {rows[0]['_ends']}" if topic else
@@ -326,7 +331,11 @@ def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) 
             or {p.domain_id for p in until} != set(replay.epochs.epochs)):
         return False
     starts = []
-    pending = F.lit(False)
+    # A domain not in ``until`` has no epoch record yet (a new agent: its first batch
+    # may ship segments, or its events fragment land before its epochs): all of it.
+    signed = [p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
+              for p in until]
+    pending = ~F.col("domain").isin(signed)
     for p in until:
         offset = replay.quiescent_offsets.get((p.domain_id, p.epoch_seq))
         if offset is None:  # the point it resumed at: nothing of the domain came since
