@@ -555,7 +555,7 @@ class LogReplay:
                     continue
                 known = self.epochs.epochs[d]
                 behind = (known[-1].epoch_seq if known else 0) - failure.epoch_seq
-                if False:
+                if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
                     raise failure.error()
                 limit = max((q for q in points if q < failure.q), default=None)
             if limit is not None:
