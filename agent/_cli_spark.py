@@ -5,6 +5,10 @@
 - ``changesets``: verify, then append the changesets after what the table holds (up to
   ``--end``): a rerun or a resumed job never writes an interval twice.
 - ``verify``: check every epoch; write the per-epoch report to ``--out`` if given.
+- ``stream``: keep the changeset table at ``--out`` up to date with a log or topic that
+  is still being written (``stream_changesets``: micro-batches end at quiescence points,
+  offsets in ``--checkpoint``); ``--once`` applies what is there and stops, otherwise it
+  runs until interrupted.
 
 Needs ``cdc-agent[spark]``. Spark runs in local mode (``--master``) unless told
 otherwise; ``--conf KEY=VALUE`` passes Spark settings (for Delta Lake: its jars and
@@ -34,6 +38,7 @@ def register(subparsers: Any) -> None:
         ("snapshot", "write the verified state at a quiescence point as a table"),
         ("changesets", "append the verified changesets after what the table holds"),
         ("verify", "check every epoch of the log in Spark"),
+        ("stream", "keep a changeset table up to date with a log or topic being written"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("uri", metavar="URI", help="file:///dir, s3://bucket/prefix, or "
@@ -54,6 +59,14 @@ def register(subparsers: Any) -> None:
         if name == "changesets":
             sub.add_argument("--end", default=None, metavar="TOKEN",
                              help="stop at these quiescence points (default: the last)")
+        if name == "stream":
+            sub.add_argument("--checkpoint", required=True, metavar="PATH",
+                             help="the query's checkpoint (reuse it to go on after a stop)")
+            sub.add_argument("--interval", default="10 seconds",
+                             help="the trigger interval (10 seconds)")
+            sub.add_argument("--once", action="store_true",
+                             help="apply what the log holds now, then stop")
+        if name in ("changesets", "stream"):
             sub.add_argument("--style", choices=("before_after", "delta"),
                              default="before_after",
                              help="before/after columns, or Delta's update_preimage/"
@@ -97,6 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     spark, ours = _session(args)
     _say(f"Spark up in {time.monotonic() - started:.1f} s; reading {args.uri}")
     try:
+        if args.spark_command == "stream":
+            return _stream(spark, args)
         replay = LogReplay(spark, args.uri, prefix=args.prefix,
                            endpoint_url=args.endpoint_url, progress=_say,
                            encoding=args.encoding)
@@ -125,4 +140,35 @@ def _run(args: argparse.Namespace) -> int:
         if ours:
             spark.stop()
     _say(f"done in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _stream(spark: Any, args: argparse.Namespace) -> int:
+    """``cdc-agent spark stream``: run the query (until interrupted, or ``--once``)."""
+    from pyspark.errors import StreamingQueryException
+
+    from replay.spark import stream_changesets
+
+    def wrote(batch_id: int, rows: int) -> None:
+        _say(f"micro-batch {batch_id}: {rows} changed cells appended to {args.out}")
+
+    query = stream_changesets(
+        spark, args.uri, args.out, checkpoint=args.checkpoint, format=args.format,
+        style=args.style, prefix=args.prefix, endpoint_url=args.endpoint_url,
+        encoding=args.encoding, interval=args.interval, on_batch=wrote, progress=_say)
+    try:
+        if args.once:
+            query.processAllAvailable()
+        else:
+            query.awaitTermination()
+    except KeyboardInterrupt:
+        _say("interrupted: stopping (start again with the same --checkpoint to go on)")
+    except StreamingQueryException as exc:
+        text = str(exc)
+        inconsistent = "InconsistentLog" in text
+        line = next((x for x in text.splitlines() if "InconsistentLog" in x), text[:500])
+        _say(("INCONSISTENT: " if inconsistent else "the stream failed: ") + line.strip())
+        return 1 if inconsistent else 2
+    finally:
+        query.stop()
     return 0

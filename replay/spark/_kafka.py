@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -68,10 +69,15 @@ __all__ = [
     "MarkerOffsets",
     "SHARES",
     "kafka_metadata",
+    "decode_chunk",
+    "foreign_message",
     "kafka_rows",
+    "message_kind",
     "open_topic",
+    "parse_topic_uri",
     "share_columns",
     "share_failures",
+    "topic_consumer",
     "vouched_epochs",
     "vouched_shares",
 ]
@@ -154,21 +160,53 @@ class KafkaTopic:
             F.coalesce(snap, F.col("value")).alias("snapshot"))
 
 
+def message_kind(value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None,
+                 native: bool) -> str:
+    """What a message is, decided as ``KafkaTopic.frame`` decides it in SQL (for the
+    driver, which reads a stream's new messages with a consumer): ``_EVENT``,
+    ``_MARKER``, ``_CHUNK``, ``_READ`` or ``_FOREIGN``."""
+    first: dict[str, bytes | None] = {}
+    for name, raw in headers or ():
+        first.setdefault(name, raw)
+    head = None if value is None else value[:3]
+    if head == NATIVE_MAGIC:
+        return _EVENT
+    if first.get(HEADER_PARTITION) is not None and first.get(HEADER_WHOLE) is not None:
+        return _MARKER
+    if first.get(HEADER_SNAPSHOT) is not None or (native and head == MAGIC):
+        return _CHUNK
+    if HEADER_READ in first:
+        return _READ
+    return _EVENT if not native and value is not None else _FOREIGN
+
+
+def foreign_message(topic: str, encoding: str, partition: int, offset: int) -> InconsistentLog:
+    """The refusal of a message that is none of a cdc-agent topic's records."""
+    return InconsistentLog(
+        f"partition {partition} offset {offset} of topic {topic!r} holds a message that "
+        f"is not a cdc-agent {encoding} record (is the encoding right?)")
+
+
 def _header(name: str) -> Column:
     """The value of the first header called ``name`` (null if none)."""
     return F.get(F.filter("headers", lambda h: h["key"] == F.lit(name)), 0)["value"]
 
 
-def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0) -> KafkaTopic:
-    """Resolve ``kafka://host:port[,host:port]/topic``: its partitions and, for each,
-    the offsets to read (first held, end now). Refuses an unknown encoding or topic."""
-    if encoding not in ENCODINGS:
-        raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
+def parse_topic_uri(uri: str) -> tuple[str, str]:
+    """``kafka://host:port[,host:port]/topic`` as (bootstrap servers, topic)."""
     parts = urlsplit(uri)
     topic = parts.path.lstrip("/")
     if parts.scheme != "kafka" or not parts.netloc or not topic or "/" in topic:
         raise ValueError(f"{uri!r} is not a Kafka topic URI: write "
                          "kafka://host:port/topic (several brokers: host:port,host:port)")
+    return parts.netloc, topic
+
+
+@contextmanager
+def topic_consumer(bootstrap: str, topic: str, *, timeout: float = 15.0
+                   ) -> Iterator[tuple[Any, Any, list[int], list[int]]]:
+    """A consumer of ``topic`` (closed on exit) with each partition's offsets now:
+    ``(confluent_kafka, consumer, first held, end)``. Refuses a missing topic."""
     from sinks.kafka import (
         KafkaConfigError,
         KafkaUnavailable,
@@ -180,16 +218,16 @@ def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0) -> 
     ck = confluent_kafka()
     with kafka_errors("consumer", f"opening topic {topic!r}", KafkaConfigError,
                       also=(ValueError, TypeError)):
-        consumer = ck.Consumer({"bootstrap.servers": parts.netloc,
+        consumer = ck.Consumer({"bootstrap.servers": bootstrap,
                                 "group.id": "cdc-agent-spark", "enable.auto.commit": False,
                                 "logger": quiet_logger()})
     try:
         with kafka_errors("consumer", f"reading the metadata of topic {topic!r}",
-                          KafkaUnavailable, f"no Kafka broker at {parts.netloc} answered "
+                          KafkaUnavailable, f"no Kafka broker at {bootstrap} answered "
                           f"within {timeout}s"):
             meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
-            raise KafkaConfigError(f"Kafka topic {topic!r} does not exist on {parts.netloc}; "
+            raise KafkaConfigError(f"Kafka topic {topic!r} does not exist on {bootstrap}; "
                                    "check the URI's topic")
         start, end = [], []
         for p in range(len(meta.partitions)):
@@ -199,9 +237,33 @@ def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0) -> 
                     ck.TopicPartition(topic, p), timeout=timeout, cached=False)
             start.append(int(low))
             end.append(int(high))
+        yield ck, consumer, start, end
     finally:
         consumer.close()
-    return KafkaTopic(uri, parts.netloc, topic, encoding, tuple(start), tuple(end))
+
+
+def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0,
+               end: Sequence[int] | None = None) -> KafkaTopic:
+    """Resolve ``kafka://host:port[,host:port]/topic``: its partitions and, for each,
+    the offsets to read (first held, end now; or ``end``, offsets a stream saw, which
+    the topic must still hold). Refuses an unknown encoding or topic."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
+    bootstrap, topic = parse_topic_uri(uri)
+    with topic_consumer(bootstrap, topic, timeout=timeout) as (_ck, _consumer, start, high):
+        pass
+    if end is not None:
+        if len(end) != len(high):
+            raise ValueError(f"topic {topic!r} has {len(high)} partitions, the stream read "
+                             f"{len(end)}: a topic's partition count must not change")
+        for p, (first, stop, now) in enumerate(zip(start, end, high, strict=True)):
+            if not first <= stop <= now:
+                raise InconsistentLog(
+                    f"partition {p} of topic {topic!r} no longer holds offsets {first}..{stop} "
+                    f"the stream read (it now holds {first}..{now}): retention or a "
+                    "recreated topic")
+        high = list(end)
+    return KafkaTopic(uri, bootstrap, topic, encoding, tuple(start), tuple(high))
 
 
 # -- pass 1: markers and chunk headers to the driver ------------------------------------------
@@ -216,7 +278,7 @@ def _metadata_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch
         for row in rows:
             header = None
             if row["kind"] == _CHUNK:
-                chunk = _decode_chunk(row["partition"], row["offset"], row["snapshot"])
+                chunk = decode_chunk(row["partition"], row["offset"], row["snapshot"])
                 header = chunk_header(chunk)
             chunks.append(header)
         yield pa.RecordBatch.from_arrays([
@@ -225,7 +287,7 @@ def _metadata_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch
         ], schema=_META)
 
 
-def _decode_chunk(partition: int, offset: int, body: bytes) -> SnapshotChunk:
+def decode_chunk(partition: int, offset: int, body: bytes) -> SnapshotChunk:
     try:
         record = decode(body)
     except CodecError as exc:
@@ -249,10 +311,7 @@ def kafka_metadata(spark: SparkSession, topic: KafkaTopic
     markers, chunks = [], []
     for row in sorted(rows, key=lambda r: (r["partition"], r["offset"])):
         if row["kind"] == _FOREIGN:
-            raise InconsistentLog(
-                f"partition {row['partition']} offset {row['offset']} of topic "
-                f"{topic.topic!r} holds a message that is not a cdc-agent {topic.encoding} "
-                "record (is the encoding right?)")
+            raise foreign_message(topic.topic, topic.encoding, row["partition"], row["offset"])
         if row["kind"] == _MARKER:
             markers.append((int(row["partition"]), int(row["offset"]), bytes(row["part"]),
                             bytes(row["whole"])))
@@ -411,7 +470,7 @@ def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets
                     yield found
             for r in rows:
                 if r["kind"] == _CHUNK:
-                    chunk = _decode_chunk(r["partition"], r["offset"], r["snapshot"])
+                    chunk = decode_chunk(r["partition"], r["offset"], r["snapshot"])
                     if (chunk.domain_id, chunk.baseline_id, chunk.index) in index.chunks:
                         cells = _chunk_cells(chunk, r["offset"])
                         yield pa.RecordBatch.from_arrays(

@@ -20,7 +20,7 @@ survive, and nothing is ever grouped on a double.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Final, Literal
@@ -123,7 +123,8 @@ class LogReplay:
     or ``debezium``; read up to where its partitions ended when it was opened).
 
     ``resume``: start from a point a stream's previous micro-batch saved (its cells and
-    the records from an offset, ``_stream``) instead of the log's start.
+    the records from an offset, ``_stream``) instead of the log's start. ``topic_end``:
+    read a topic up to these offsets (per partition, a stream's) instead of its end now.
 
     Reading happens on first use and is cached in the session (``unpersist()`` frees
     it). The module functions ``events``, ``verify``, ``snapshot`` and ``changesets``
@@ -132,7 +133,8 @@ class LogReplay:
 
     def __init__(self, spark: SparkSession, uri: str, *, prefix: str = "",
                  endpoint_url: str | None = None, progress: Progress = None,
-                 encoding: str = "native", resume: Resumed | None = None) -> None:
+                 encoding: str = "native", resume: Resumed | None = None,
+                 topic_end: Sequence[int] | None = None) -> None:
         self.spark = spark
         self.uri = uri
         self._progress = progress
@@ -144,7 +146,7 @@ class LogReplay:
         self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
-            self.source = open_topic(uri, encoding)
+            self.source = open_topic(uri, encoding, end=topic_end)
             self._say(f"topic {self.source.topic!r}: {self.source.partitions} partitions, "
                       f"{self.source.messages()} messages to read ({encoding})")
             return

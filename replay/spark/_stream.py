@@ -25,10 +25,20 @@ from that offset are read and verified. It resumes only if the table holds nothi
 after ``W`` (a micro-batch that wrote but crashed before saving leaves rows after the
 saved ``W``): otherwise, and for a log with baselines or a collected log, it replays
 the log from the start, as before.
+
+A Kafka topic written by ``KafkaSink`` (``kafka://host:port/topic``) streams the same
+way, but Kafka's offsets are per partition and an epoch spans every partition, so the
+source's offsets are again frontiers, of the quiescence points every partition vouched
+for (``replay.spark._kafka_points.TopicScan`` reads the new messages' markers in the
+driver), with the partition ends it had read (``"ends"``). Each micro-batch replays the
+topic from its start up to those ends (``LogReplay(topic_end=...)``) and writes up to
+its settled frontier after what the table holds; a topic is not resumed from a saved
+point (yet).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -37,6 +47,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from replay._position import Frontier, Position
+from replay.spark._kafka import KAFKA_SCHEME
+from replay.spark._kafka_points import TopicScan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +65,7 @@ SOURCE_NAME: Final = "cdc_agent_points"
 POINTS_SCHEMA: Final = StructType([
     StructField("_domain", LongType()), StructField("_epoch", LongType()),
     StructField("_position", StringType()),
+    StructField("_ends", StringType()),  # a topic's partition ends (JSON); null: wal3
 ])
 _KINDS_EPOCH: Final = (0x02, 0x04)  # sinks.codec: EPOCH (one record), EPOCHS (a run)
 _KIND_SNAPSHOT: Final = 0x03
@@ -69,6 +82,20 @@ class _Scan:
     first: dict[int, int] = field(default_factory=dict)  # domain -> its first baseline id
     start: dict[int, int] = field(default_factory=dict)  # ... its chunk 0's point
     end: dict[int, int] = field(default_factory=dict)  # ... its last chunk's point
+
+    def point(self, domain_id: int, epoch_seq: int, end_id: int) -> None:
+        """A quiescence point found (a later one than the domain's last, or ignored)."""
+        points = self.points.setdefault(domain_id, [])
+        if not points or points[-1][0] < epoch_seq:
+            points.append((epoch_seq, end_id))
+
+    def chunk(self, domain_id: int, baseline_id: int, epoch_seq: int, last: bool) -> None:
+        """A baseline chunk's header found (in the log's order)."""
+        d = domain_id
+        if d not in self.first:
+            self.first[d], self.start[d] = baseline_id, epoch_seq
+        if baseline_id == self.first[d] and last:
+            self.end[d] = epoch_seq
 
     def frontier(self) -> Frontier:
         """Each domain's last quiescence point outside a baseline that is not whole."""
@@ -101,34 +128,43 @@ def _scan(reader: Any, scan: _Scan) -> None:
             if body[4] in _KINDS_EPOCH:
                 for epoch in records(decode(body)):  # an EPOCHS run holds many
                     if isinstance(epoch, EpochRecord) and epoch.quiescent:
-                        points = scan.points.setdefault(epoch.domain_id, [])
-                        if not points or points[-1][0] < epoch.epoch_seq:
-                            points.append((epoch.epoch_seq, epoch.end_id))
+                        scan.point(epoch.domain_id, epoch.epoch_seq, epoch.end_id)
             elif body[4] == _KIND_SNAPSHOT:
                 chunk = decode(body)
                 assert isinstance(chunk, SnapshotChunk)
-                d = chunk.domain_id
-                if d not in scan.first:
-                    scan.first[d], scan.start[d] = chunk.baseline_id, chunk.epoch_seq
-                if chunk.baseline_id == scan.first[d] and chunk.last:
-                    scan.end[d] = chunk.epoch_seq
+                scan.chunk(chunk.domain_id, chunk.baseline_id, chunk.epoch_seq, chunk.last)
         scan.through = max(scan.through, fragment.limit)
 
 
+def topic_frontier(topic: TopicScan) -> Frontier:
+    """The frontier of a topic's quiescence points every partition vouched for, kept
+    out of baselines that are not whole (``_Scan.frontier``)."""
+    scan = _Scan()
+    for domain_id, points in topic.quiescence_points().items():
+        for epoch_seq, end_id in points:
+            scan.point(domain_id, epoch_seq, end_id)
+    for c in topic.chunks:
+        scan.chunk(c.domain_id, c.baseline_id, c.epoch_seq, c.last)
+    return scan.frontier()
+
+
 class _Partition(InputPartition):
-    def __init__(self, frontier: str) -> None:
+    def __init__(self, frontier: str, ends: str | None = None) -> None:
         super().__init__(frontier)
         self.frontier = frontier
+        self.ends = ends
 
 
 class _PointsReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self._options = options
         self._scan = _Scan()
+        self._topic: TopicScan | None = None  # a kafka:// topic's scan
+        self._last: dict[str, Any] | None = None  # the last offset handed out (a topic)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run ``read`` in a worker: only the options go.
-        return {"_options": self._options, "_scan": _Scan()}
+        return {"_options": self._options, "_scan": _Scan(), "_topic": None, "_last": None}
 
     def _reader(self) -> Any:
         from sinks.wal3 import LogReader
@@ -141,17 +177,34 @@ class _PointsReader(DataSourceStreamReader):
         return {"frontier": ""}
 
     def latestOffset(self) -> dict[str, Any]:
+        options = self._options
+        if options["uri"].startswith(KAFKA_SCHEME):
+            return self._topic_offset()
         _scan(self._reader(), self._scan)
         return {"frontier": str(self._scan.frontier())}
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [_Partition(end["frontier"])]
+    def _topic_offset(self) -> dict[str, Any]:
+        """A topic's offset: the frontier, and each partition's end when it was first
+        reached (the micro-batch reads up to there), unchanged while the frontier is."""
+        if self._topic is None:
+            self._topic = TopicScan(self._options["uri"],
+                                    self._options.get("encoding") or "native")
+        ends = self._topic.advance()
+        frontier = str(topic_frontier(self._topic))
+        if self._last is None or self._last["frontier"] != frontier:
+            self._last = {"frontier": frontier, "ends": list(ends)}
+        return self._last
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[int, int, str]]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ends = end.get("ends")
+        return [_Partition(end["frontier"], None if ends is None else json.dumps(ends))]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, int, str, str | None]]:
         text = partition.frontier  # type: ignore[attr-defined]
+        ends = getattr(partition, "ends", None)
         for p in Frontier.parse(text) if text else ():
             domain = p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
-            yield domain, p.epoch_seq, str(p)
+            yield domain, p.epoch_seq, str(p), ends
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
@@ -160,7 +213,9 @@ class _PointsReader(DataSourceStreamReader):
 class QuiescencePoints(DataSource):
     """``spark.readStream.format("cdc_agent_points").option("uri", ...)``: a stream
     whose micro-batches end at quiescence points of a wal3 log (options ``uri``,
-    ``prefix``, ``endpoint_url``). Register it with ``spark.dataSource.register``."""
+    ``prefix``, ``endpoint_url``) or of a Kafka topic written by ``KafkaSink`` (``uri``
+    ``kafka://host:port/topic``, ``encoding``). Register it with
+    ``spark.dataSource.register``."""
 
     @classmethod
     def name(cls) -> str:
@@ -176,10 +231,11 @@ class QuiescencePoints(DataSource):
 
 
 def points_stream(spark: SparkSession, uri: str, *, prefix: str = "",
-                  endpoint_url: str | None = None) -> DataFrame:
+                  endpoint_url: str | None = None, encoding: str = "native") -> DataFrame:
     """The streaming DataFrame of quiescence-point frontiers of the log at ``uri``."""
     spark.dataSource.register(QuiescencePoints)
-    reader = spark.readStream.format(SOURCE_NAME).option("uri", uri).option("prefix", prefix)
+    reader = (spark.readStream.format(SOURCE_NAME).option("uri", uri).option("prefix", prefix)
+              .option("encoding", encoding))
     if endpoint_url:
         reader = reader.option("endpoint_url", endpoint_url)
     return reader.load()
@@ -188,7 +244,7 @@ def points_stream(spark: SparkSession, uri: str, *, prefix: str = "",
 def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: str,
                       format: Format = "delta", style: ChangeStyle = "before_after",
                       prefix: str = "", endpoint_url: str | None = None,
-                      interval: str = "10 seconds",
+                      encoding: str = "native", interval: str = "10 seconds",
                       on_batch: Callable[[int, int], None] | None = None,
                       progress: Callable[[str], None] | None = None) -> StreamingQuery:
     """Start a query that keeps the changeset table at ``path`` up to date with the log.
@@ -200,30 +256,37 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
-    from replay.spark._kafka import KAFKA_SCHEME
     from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
     from sinks.wal3 import GarbageCollected
 
-    if uri.startswith(KAFKA_SCHEME):
-        raise ValueError(f"stream_changesets reads a wal3 log; {uri!r} is a Kafka topic: "
-                         "replay it in batches (changesets/write_changesets), or stream it "
-                         "with replay.kafka.consume_consistent")
+    topic = uri.startswith(KAFKA_SCHEME)
+    if topic:
+        TopicScan(uri, encoding)  # refuse a bad URI or encoding now, not in the query
+    elif encoding != "native":
+        raise ValueError(f"encoding={encoding!r} is for Kafka topics; {uri!r} is a wal3 log")
 
     def each(batch: DataFrame, batch_id: int) -> None:
         rows = batch.collect()
         end = Frontier.of([Position.parse(r["_position"]) for r in rows])
         if not len(end.positions):
             return
-        resume = load_resume(spark, saved, applied_frontier(spark, path, format))
-        try:
-            replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
-                               resume=resume)
-        except GarbageCollected:  # collected past the saved point (cdc-agent log gc)
-            resume = None  # from the start, which on a collected log is its checkpoint
-            replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
+        if topic:  # from the topic's start up to the ends the source saw (no resume yet)
+            ends = rows[0]["_ends"]
+            resume = None
+            replay = LogReplay(spark, uri, encoding=encoding,
+                               topic_end=None if ends is None else json.loads(ends))
+        else:
+            resume = load_resume(spark, saved, applied_frontier(spark, path, format))
+            try:
+                replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
+                                   resume=resume)
+            except GarbageCollected:  # collected past the saved point (cdc-agent log gc)
+                resume = None  # from the start, which on a collected log is its checkpoint
+                replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
         if progress is not None:
             progress(f"micro-batch {batch_id}: " + (
+                f"the topic from its start up to offsets {rows[0]['_ends']}" if topic else
                 "from the start of the log" if resume is None else
                 f"resumed at {Frontier.of(resume.frontier.values())}, records from offset "
                 f"{resume.begin}"))
@@ -232,14 +295,16 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             written = write_changesets(
                 replay, path, format=format, style=style, end=until, exact=True,
                 since=None if resume is None else Frontier.of(resume.frontier.values()))
-            save_resume(replay, saved, batch_id, until)
+            if not topic:
+                save_resume(replay, saved, batch_id, until)
         finally:
             replay.unpersist()
         if on_batch is not None:
             on_batch(batch_id, written)
 
     saved = checkpoint.rstrip("/") + "/" + RESUME_FOLDER
-    return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
+    return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
+                          encoding=encoding)
             .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
             .trigger(processingTime=interval).start())
 

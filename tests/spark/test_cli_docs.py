@@ -88,3 +88,5 @@ def test_every_example_of_the_doc_runs(spark: Any, kafka_bootstrap: str,
     assert "('users', 2, 'name'): 'G. Hopper'" in out
     assert spark.read.parquet(namespace["path"] + "-stream").count() > 0
     assert "('orders', 42, 'status'): 'paid'" in out and "('stock', 'sku-7', 'count'): 11" in out
+    streamed = spark.read.parquet(namespace["out"]).collect()  # the topic's stream
+    assert sorted(r["_change_type"] for r in streamed) == ["insert"] * 3

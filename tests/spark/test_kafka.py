@@ -317,8 +317,12 @@ def test_bad_uri_and_encoding(spark: Any, native: Logged, debezium: Logged) -> N
     log = LogReplay(spark, debezium.uri)  # a Debezium topic read as native
     with pytest.raises(InconsistentLog, match="not a cdc-agent native record"):
         log.verify()
-    with pytest.raises(ValueError, match="is a Kafka topic"):
-        stream_changesets(spark, native.uri, "/nowhere", checkpoint="/nowhere-c")
+    with pytest.raises(ValueError, match="choose native or debezium"):
+        stream_changesets(spark, native.uri, "/nowhere", checkpoint="/nowhere-c",
+                          encoding="avro")
+    with pytest.raises(ValueError, match="for Kafka topics"):
+        stream_changesets(spark, "file:///nowhere", "/nowhere", checkpoint="/nowhere-c",
+                          encoding="debezium")
 
 
 def test_cli_reads_a_topic(spark: Any, debezium: Logged, tmp_path: Path,

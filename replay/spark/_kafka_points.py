@@ -1,0 +1,149 @@
+"""A stream's look at a Kafka topic: which quiescence points every partition vouched for.
+
+The streaming source (``_stream``) asks, at each trigger, how far a micro-batch may go.
+For a topic written by ``KafkaSink`` that is the furthest quiescence point whose epoch
+(and every epoch before it) has its marker in *every* partition: a cut at a mere
+per-partition offset would split epochs. ``TopicScan`` reads only the messages that are
+new since its last look, in the driver, with a consumer (assigned partitions, from the
+offset it reached to each partition's end now; closed after each look). Events are
+skipped by their first bytes; markers are kept (two small records each) and checked as
+``LogReplay`` checks them (``vouched_epochs``: each partition's epochs follow one
+another, copies agree, counts add up), so a lost marker stops the stream at once; the
+baselines' chunk headers are kept so that no cut enters a baseline that is not whole.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay._errors import InconsistentLog
+from replay.spark._kafka import (
+    _CHUNK,
+    _FOREIGN,
+    _MARKER,
+    ENCODINGS,
+    decode_chunk,
+    foreign_message,
+    message_kind,
+    parse_topic_uri,
+    topic_consumer,
+    vouched_epochs,
+)
+from sinks.codec import HEADER_PARTITION, HEADER_SNAPSHOT, HEADER_WHOLE
+
+__all__ = ["ChunkSeen", "TopicScan"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSeen:
+    """What the frontier needs of a baseline chunk: whose, which, where, the last?"""
+
+    domain_id: int
+    baseline_id: int
+    epoch_seq: int
+    last: bool
+
+
+@dataclass
+class TopicScan:
+    """The markers and chunk headers of a topic read so far (``advance`` reads more)."""
+
+    uri: str
+    encoding: str = "native"
+    read: list[int] = field(default_factory=list)  # per partition: the next offset to read
+    markers: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)
+    chunks: list[ChunkSeen] = field(default_factory=list)  # in partition 0's order
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"unknown Kafka encoding {self.encoding!r}; choose native or "
+                             "debezium")
+        self.bootstrap, self.topic = parse_topic_uri(self.uri)
+
+    def advance(self, timeout: float = 15.0) -> tuple[int, ...]:
+        """Read every partition's messages up to its end now; return those ends.
+
+        Raises ``InconsistentLog`` for a foreign message or messages removed (retention)
+        before they were read, ``KafkaUnavailable`` when reading stalls ``timeout``."""
+        from sinks.kafka import KafkaUnavailable, kafka_errors
+
+        with topic_consumer(self.bootstrap, self.topic, timeout=timeout) as (
+                ck, consumer, start, end):
+            if not self.read:
+                self.read = list(start)
+            if len(end) != len(self.read):
+                raise ValueError(f"topic {self.topic!r} now has {len(end)} partitions, it had "
+                                 f"{len(self.read)}: a topic's partition count must not change")
+            for p, (first, done) in enumerate(zip(start, self.read, strict=True)):
+                if done < first:
+                    raise InconsistentLog(
+                        f"partition {p} of topic {self.topic!r} lost offsets {done}..{first - 1}"
+                        " before the stream read them (retention?): restart the stream on a "
+                        "new checkpoint and table")
+            todo = {p for p, (done, stop) in enumerate(zip(self.read, end, strict=True))
+                    if done < stop}
+            if not todo:
+                return tuple(end)
+            with kafka_errors("consumer", f"assigning the partitions of {self.topic!r}"):
+                consumer.assign([ck.TopicPartition(self.topic, p, self.read[p]) for p in todo])
+            deadline = time.monotonic() + timeout
+            while todo:
+                with kafka_errors("consumer", f"reading {self.topic!r}", KafkaUnavailable):
+                    messages = consumer.consume(10_000, 0.5)
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == ck.KafkaError._PARTITION_EOF:
+                            continue
+                        raise KafkaUnavailable(f"Kafka consumer: reading {self.topic!r} "
+                                               f"failed ({err.str()})")
+                    p, offset = m.partition(), m.offset()
+                    if self.read[p] <= offset < end[p]:
+                        self._take(p, offset, m.value(), m.headers())
+                        self.read[p] = offset + 1
+                if not messages:  # a transaction's control records end no message
+                    for tp in consumer.position([ck.TopicPartition(self.topic, p)
+                                                 for p in todo]):
+                        if tp.offset >= end[tp.partition]:
+                            self.read[tp.partition] = end[tp.partition]
+                    if time.monotonic() > deadline:
+                        raise KafkaUnavailable(
+                            f"Kafka consumer: reading {self.topic!r} stalled for {timeout}s "
+                            f"before the ends {end} (reached {self.read})")
+                else:
+                    deadline = time.monotonic() + timeout
+                todo = {p for p in todo if self.read[p] < end[p]}
+            return tuple(end)
+
+    def _take(self, partition: int, offset: int, value: bytes | None, headers: Any) -> None:
+        kind = message_kind(value, headers, self.encoding == "native")
+        if kind == _FOREIGN:
+            raise foreign_message(self.topic, self.encoding, partition, offset)
+        if kind not in (_MARKER, _CHUNK):
+            return
+        first: dict[str, bytes | None] = {}
+        for name, raw in headers or ():
+            first.setdefault(name, raw)
+        if kind == _MARKER:
+            part, whole = first[HEADER_PARTITION], first[HEADER_WHOLE]
+            assert part is not None and whole is not None
+            self.markers.append((partition, offset, part, whole))
+            return
+        body = first.get(HEADER_SNAPSHOT) or value
+        assert body is not None
+        chunk = decode_chunk(partition, offset, body)
+        self.chunks.append(ChunkSeen(chunk.domain_id, chunk.baseline_id, chunk.epoch_seq,
+                                     chunk.last))
+
+    def quiescence_points(self) -> dict[int, list[tuple[int, int]]]:
+        """Each domain's quiescence points ``(epoch_seq, end_id)`` that every partition
+        vouched for (with every epoch before them), in order."""
+        records, _offsets = vouched_epochs(self.markers, len(self.read))
+        points: dict[int, list[tuple[int, int]]] = {}
+        for record in records:
+            if record.quiescent:
+                points.setdefault(record.domain_id, []).append((record.epoch_seq,
+                                                                record.end_id))
+        return points
