@@ -1533,14 +1533,28 @@ static const char *const EF_TEXT[9] = {
 #include <structmember.h>  /* T_OBJECT_EX, READ_RESTRICTED */
 
 /* Where the last record type seen keeps each field (slots: a member descriptor's
- * offset), so a field is one load instead of a generic attribute lookup. */
+ * offset), so a field is one load instead of a generic attribute lookup. EF_TYPE is a
+ * strong reference (a type freed while cached could be replaced by another at its
+ * address), valid while the type's version tag is EF_VERSION: any change to the type
+ * or its bases (a field made a property, __getattribute__ set) gives it a new tag. */
 static PyTypeObject *EF_TYPE;
+static unsigned int EF_VERSION;
 static Py_ssize_t EF_OFFSET[8];
+
+/* The cached layout holds for record's type now. Checked before every cached read:
+ * reading one field may run Python code (a property, __bool__) that changes the type. */
+static inline int
+ef_cached(PyObject *record)
+{
+    PyTypeObject *type = Py_TYPE(record);
+    return type == EF_TYPE && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
+        && type->tp_version_tag == EF_VERSION;
+}
 
 static void
 ef_resolve(PyTypeObject *type)
 {
-    EF_TYPE = NULL;
+    Py_CLEAR(EF_TYPE);  /* NULL before the old type may be freed (and code run) */
     if (type->tp_getattro != PyObject_GenericGetAttr)
         return;
     for (int i = 0; i < 8; i++) {
@@ -1552,14 +1566,19 @@ ef_resolve(PyTypeObject *type)
             return;
         EF_OFFSET[i] = member->offset;
     }
-    EF_TYPE = type;
+    /* The lookups above gave the type a version tag, unless the tags ran out: without
+     * one a change could not be seen, so nothing is cached. */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return;
+    EF_VERSION = type->tp_version_tag;
+    EF_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
 }
 
 /* Field i of record, a new reference (NULL with an error set if it has none). */
 static inline PyObject *
 ef_get(PyObject *record, int i)
 {
-    if (Py_TYPE(record) == EF_TYPE) {
+    if (ef_cached(record)) {
         PyObject *v = *(PyObject **)((char *)record + EF_OFFSET[i]);
         if (v != NULL)
             return Py_NewRef(v);
@@ -1643,7 +1662,10 @@ setsum_kind(PyObject *text, unsigned char out[32])
  * 0/1, digests 32n bytes, kinds n int8 (setsum_kind), table_lengths n int64, then the
  * flattened (name, count) pairs as a list of str and counts as uint64 bytes. Returns
  * None for anything of another shape (an int out of range, a setsum that is no str, a
- * table_counts item that is no (str, int) pair): the Python path then decides. */
+ * table_counts item that is no (str, int) pair, a field missing or failing to read, as
+ * domain_id on a record of another kind): the Python path then decides, and raises its
+ * own error if it must (of_records_native's contract). Only BaseExceptions that are no
+ * Exception (KeyboardInterrupt, SystemExit) propagate. */
 static PyObject *
 epoch_fields(PyObject *module, PyObject *records)
 {
@@ -1677,12 +1699,12 @@ epoch_fields(PyObject *module, PyObject *records)
     memset(dv, 0, 32 * n);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *record = items[r];
-        if (Py_TYPE(record) != EF_TYPE)
+        if (!ef_cached(record))
             ef_resolve(Py_TYPE(record));
         for (int f = 0; f < 5; f++) {
             PyObject *v = ef_get(record, f < 4 ? f : 7);
             if (v == NULL)
-                goto done;
+                goto unreadable;
             uint64_t x = 0;
             int bad = ef_u64(v, &x) < 0;
             Py_DECREF(v);
@@ -1692,21 +1714,21 @@ epoch_fields(PyObject *module, PyObject *records)
         }
         PyObject *v = ef_get(record, 4);
         if (v == NULL)
-            goto done;
+            goto unreadable;
         int truth = PyObject_IsTrue(v);
         Py_DECREF(v);
         if (truth < 0)
-            goto done;
+            goto unreadable;
         qv[r] = (unsigned char)truth;
         if ((v = ef_get(record, 5)) == NULL)
-            goto done;
+            goto unreadable;
         int kind = setsum_kind(v, dv + 32 * r);
         Py_DECREF(v);
         if (kind < 0)
             goto other;
         kv[r] = (signed char)kind;
         if ((v = ef_get(record, 6)) == NULL)
-            goto done;
+            goto unreadable;
         if (!PyTuple_Check(v)) {
             Py_DECREF(v);
             goto other;
@@ -1749,6 +1771,9 @@ epoch_fields(PyObject *module, PyObject *records)
         goto done;
     result = PyTuple_Pack(7, ints, quiet, digests, kinds, lengths, names, counts);
     goto done;
+unreadable:  /* reading a field (or its truth) raised */
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        goto done;
 other:
     PyErr_Clear();
     result = Py_NewRef(Py_None);
@@ -1925,7 +1950,8 @@ done:
 /* setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose record's
  * setsum (lanes: n x 8 uint32, kinds: n int8, 0 none, 1 digest, 2 bogus) is not the
  * setsum of its segments' digests (32 bytes each, segment k belonging to epoch
- * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64). -1: none.
+ * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64, none 0).
+ * -1: none. ValueError for digests that are no whole number of 32 bytes or a zero prime.
  * What replay._epoch_columns.first_setsum_fault computes in numpy, in one pass. */
 static PyObject *
 setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1940,6 +1966,12 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *sums = NULL;
     if (get_array(args[0], &views[held], 0, 0, "digests") < 0)
         goto done;
+    if (views[held].len % 32) {  /* as sinks.Setsum.insert_digests refuses them */
+        PyErr_Format(PyExc_ValueError, "digests must be a whole number of 32-byte SHA3-256 "
+                     "digests, got %zd bytes", views[held].len);
+        held++;
+        goto done;
+    }
     Py_ssize_t m = views[held++].len / 32;
     if (get_array(args[3], &views[held], 0, 0, "kinds") < 0)
         goto done;
@@ -1957,6 +1989,12 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const int64_t *owner = (const int64_t *)views[2].buf;
     const uint32_t *lanes = (const uint32_t *)views[3].buf;
     const uint64_t *primes = (const uint64_t *)views[4].buf;
+    for (int i = 0; i < 8; i++)
+        if (primes[i] == 0) {  /* each lane is reduced modulo its prime */
+            PyErr_Format(PyExc_ValueError, "primes: setsum prime %d is 0 (pass "
+                         "sinks.SETSUM_PRIMES)", i);
+            goto done;
+        }
     sums = PyMem_Calloc((size_t)(n ? n : 1), 8 * sizeof(uint64_t));
     if (sums == NULL) {
         PyErr_NoMemory();
