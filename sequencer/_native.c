@@ -93,6 +93,19 @@ as_i64(PyObject *value, int64_t *out)
     return 0;
 }
 
+/* An object made by tp_new whose tp_init never ran (`T.__new__(T)`), or failed, has
+ * NULL fields: every method, call and attribute of the types below checks that first
+ * and raises this instead of reading them. Returns NULL for the caller to return. */
+static PyObject *
+not_initialised(PyObject *self)
+{
+    const char *name = strrchr(Py_TYPE(self)->tp_name, '.');
+    name = name ? name + 1 : Py_TYPE(self)->tp_name;
+    PyErr_Format(PyExc_RuntimeError, "%s was not initialised (made by __new__ alone, or "
+                 "its __init__ failed): create it by calling %s(...)", name, name);
+    return NULL;
+}
+
 /* ---- MonotonicIds ------------------------------------------------------------------ */
 
 typedef struct {
@@ -103,6 +116,8 @@ typedef struct {
     int offset_fits;        /* offset64 is exact */
     uint64_t last;          /* the last id issued; 0 = none yet */
 } Ids;
+
+#define IDS_READY(self) ((self)->boottime != NULL && (self)->offset != NULL)
 
 static int
 Ids_init(Ids *self, PyObject *args, PyObject *kwds)
@@ -202,6 +217,8 @@ candidate_of(Ids *self, PyObject *now, uint64_t *out)
 static PyObject *
 Ids_next(Ids *self, PyObject *Py_UNUSED(ignored))
 {
+    if (!IDS_READY(self))
+        return not_initialised((PyObject *)self);
     PyObject *now = PyObject_CallNoArgs(self->boottime);
     if (now == NULL)
         return NULL;
@@ -239,16 +256,16 @@ Ids_call(Ids *self, PyObject *args, PyObject *kwds)
 static PyObject *
 Ids_last(Ids *self, PyObject *Py_UNUSED(ignored))
 {
+    if (!IDS_READY(self))
+        return not_initialised((PyObject *)self);
     return PyLong_FromUnsignedLongLong(self->last);
 }
 
 static PyObject *
 Ids_get_offset(Ids *self, void *closure)
 {
-    if (self->offset == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "offset_ns");
-        return NULL;
-    }
+    if (!IDS_READY(self))
+        return not_initialised((PyObject *)self);
     return Py_NewRef(self->offset);
 }
 
@@ -299,27 +316,33 @@ Seq_init(Seq *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"domain_id", "now_ns", "max_quiescence_interval_ns", NULL};
     PyObject *domain, *now = NULL, *interval = Py_None;
+    int64_t now_ns, max_interval = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OO", kwlist, &domain, &now, &interval))
         return -1;
     if (now == NULL) {
         PyErr_SetString(PyExc_TypeError, "EpochSequencer() missing the keyword argument now_ns");
         return -1;
     }
-    if (as_i64(now, &self->last_quiescence_ns) < 0)
+    /* Every argument read before anything is set: a failed __init__ changes nothing. */
+    if (as_i64(now, &now_ns) < 0
+        || (interval != Py_None && as_i64(interval, &max_interval) < 0))
         return -1;
+    self->last_quiescence_ns = now_ns;
     self->has_interval = interval != Py_None;
-    self->max_interval = 0;
-    if (self->has_interval && as_i64(interval, &self->max_interval) < 0)
-        return -1;
-    Py_XSETREF(self->domain_id, Py_NewRef(domain));
+    self->max_interval = max_interval;
     self->two = 0;
     self->older_seq = self->newer_seq = 0;
     self->older_begin = self->older_end = 0;
     self->older_open = self->older_count = self->newer_open = self->newer_count = 0;
     self->next_seq = 1;
     self->last_end = 0;
+    Py_XSETREF(self->domain_id, Py_NewRef(domain));  /* set last: the object is ready */
     return 0;
 }
+
+/* domain_id is set by a successful __init__ only (its last step). */
+#define SEQ_READY(self) ((self)->domain_id != NULL)
+#define SEQ_CHECK(self) if (!SEQ_READY(self)) return not_initialised((PyObject *)(self))
 
 static int
 Seq_traverse(Seq *self, visitproc visit, void *arg)
@@ -388,6 +411,7 @@ seq_open(Seq *self, uint64_t batch_id, int64_t now, int64_t *epoch_seq)
 static PyObject *
 Seq_open_batch(Seq *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    SEQ_CHECK(self);
     uint64_t batch_id;
     int64_t now, seq;
     if (nargs != 2) {
@@ -494,6 +518,7 @@ seq_close(Seq *self, PyObject *batch_obj, int64_t epoch_seq, int64_t now, uint64
 static PyObject *
 Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
 {
+    SEQ_CHECK(self);
     static char *kwlist[] = {"ticket", "now_ns", "fresh_id", "event_count", NULL};
     PyObject *tick, *now_obj, *fresh_obj, *count_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &tick, &now_obj,
@@ -525,6 +550,7 @@ Seq_close_batch(Seq *self, PyObject *args, PyObject *kwds)
 static PyObject *
 Seq_holding_back(Seq *self, PyObject *now_obj)
 {
+    SEQ_CHECK(self);
     int64_t now;
     if (as_i64(now_obj, &now) < 0)
         return NULL;
@@ -534,12 +560,14 @@ Seq_holding_back(Seq *self, PyObject *now_obj)
 static PyObject *
 Seq_open_batches(Seq *self, PyObject *Py_UNUSED(ignored))
 {
+    SEQ_CHECK(self);
     return PyLong_FromLongLong(self->older_open + self->newer_open);
 }
 
 static PyObject *
 Seq_open_epochs(Seq *self, PyObject *Py_UNUSED(ignored))
 {
+    SEQ_CHECK(self);
     if (!self->two)
         return PyTuple_New(0);
     return Py_BuildValue("(LL)", (long long)self->older_seq, (long long)self->newer_seq);
@@ -548,12 +576,14 @@ Seq_open_epochs(Seq *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 Seq_get_quiescent(Seq *self, void *closure)
 {
+    SEQ_CHECK(self);
     return PyBool_FromLong(!self->two);
 }
 
 static PyObject *
 Seq_get_state(Seq *self, void *closure)
 {
+    SEQ_CHECK(self);
     PyObject *state = self->two ? TWO : QUIESCENT;
     if (state == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "sequencer._native is not bound");
@@ -565,13 +595,15 @@ Seq_get_state(Seq *self, void *closure)
 static PyObject *
 Seq_get_last_quiescence(Seq *self, void *closure)
 {
+    SEQ_CHECK(self);
     return PyLong_FromLongLong(self->last_quiescence_ns);
 }
 
 static PyObject *
 Seq_get_domain(Seq *self, void *closure)
 {
-    return Py_NewRef(self->domain_id ? self->domain_id : Py_None);
+    SEQ_CHECK(self);
+    return Py_NewRef(self->domain_id);
 }
 
 static PyMethodDef Seq_methods[] = {
@@ -669,6 +701,10 @@ Writer_init(Writer *self, PyObject *args, PyObject *kwds)
                                      &seq, &shipper, &items, &lock, &next_id, &clock,
                                      &fallback, &max_queue))
         return -1;
+    if (!SEQ_READY((Seq *)seq)) {  /* the writer drives its state directly */
+        not_initialised(seq);
+        return -1;
+    }
     if (intern_names() < 0)
         return -1;
     PyObject *stats = PyObject_GetAttrString(agent, "stats");
@@ -698,6 +734,14 @@ Writer_init(Writer *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->fallback, Py_NewRef(fallback));
     self->max_queue = max_queue;
     return 0;
+}
+
+/* Every field a call uses: all set by a successful __init__, all cleared by tp_clear. */
+static int
+writer_ready(Writer *w)
+{
+    return w->seq && w->agent && w->shipper && w->stats && w->items && w->acquire
+        && w->release && w->next_id && w->clock && w->fallback;
 }
 
 static int
@@ -962,6 +1006,8 @@ done:
 static PyObject *
 Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    if (!writer_ready(w))
+        return not_initialised((PyObject *)w);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 4 || kwnames != NULL) {
         PyErr_SetString(PyExc_TypeError, "UnscopedWriter(table, row, column, value)");
@@ -1172,6 +1218,8 @@ checks_pass(PyObject *table, PyObject *row, PyObject *column, PyObject *value)
 static PyObject *
 CellWriter_call(CellWriter *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    if (w->agent == NULL || w->current == NULL || w->reference == NULL)
+        return not_initialised((PyObject *)w);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 4 || kwnames != NULL)  /* keywords (or a wrong call): the reference */
         return PyObject_Vectorcall(w->reference, args, nargs, kwnames);
@@ -1485,14 +1533,28 @@ static const char *const EF_TEXT[9] = {
 #include <structmember.h>  /* T_OBJECT_EX, READ_RESTRICTED */
 
 /* Where the last record type seen keeps each field (slots: a member descriptor's
- * offset), so a field is one load instead of a generic attribute lookup. */
+ * offset), so a field is one load instead of a generic attribute lookup. EF_TYPE is a
+ * strong reference (a type freed while cached could be replaced by another at its
+ * address), valid while the type's version tag is EF_VERSION: any change to the type
+ * or its bases (a field made a property, __getattribute__ set) gives it a new tag. */
 static PyTypeObject *EF_TYPE;
+static unsigned int EF_VERSION;
 static Py_ssize_t EF_OFFSET[8];
+
+/* The cached layout holds for record's type now. Checked before every cached read:
+ * reading one field may run Python code (a property, __bool__) that changes the type. */
+static inline int
+ef_cached(PyObject *record)
+{
+    PyTypeObject *type = Py_TYPE(record);
+    return type == EF_TYPE && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
+        && type->tp_version_tag == EF_VERSION;
+}
 
 static void
 ef_resolve(PyTypeObject *type)
 {
-    EF_TYPE = NULL;
+    Py_CLEAR(EF_TYPE);  /* NULL before the old type may be freed (and code run) */
     if (type->tp_getattro != PyObject_GenericGetAttr)
         return;
     for (int i = 0; i < 8; i++) {
@@ -1504,14 +1566,19 @@ ef_resolve(PyTypeObject *type)
             return;
         EF_OFFSET[i] = member->offset;
     }
-    EF_TYPE = type;
+    /* The lookups above gave the type a version tag, unless the tags ran out: without
+     * one a change could not be seen, so nothing is cached. */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return;
+    EF_VERSION = type->tp_version_tag;
+    EF_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
 }
 
 /* Field i of record, a new reference (NULL with an error set if it has none). */
 static inline PyObject *
 ef_get(PyObject *record, int i)
 {
-    if (Py_TYPE(record) == EF_TYPE) {
+    if (ef_cached(record)) {
         PyObject *v = *(PyObject **)((char *)record + EF_OFFSET[i]);
         if (v != NULL)
             return Py_NewRef(v);
@@ -1595,7 +1662,10 @@ setsum_kind(PyObject *text, unsigned char out[32])
  * 0/1, digests 32n bytes, kinds n int8 (setsum_kind), table_lengths n int64, then the
  * flattened (name, count) pairs as a list of str and counts as uint64 bytes. Returns
  * None for anything of another shape (an int out of range, a setsum that is no str, a
- * table_counts item that is no (str, int) pair): the Python path then decides. */
+ * table_counts item that is no (str, int) pair, a field missing or failing to read, as
+ * domain_id on a record of another kind): the Python path then decides, and raises its
+ * own error if it must (of_records_native's contract). Only BaseExceptions that are no
+ * Exception (KeyboardInterrupt, SystemExit) propagate. */
 static PyObject *
 epoch_fields(PyObject *module, PyObject *records)
 {
@@ -1629,12 +1699,12 @@ epoch_fields(PyObject *module, PyObject *records)
     memset(dv, 0, 32 * n);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *record = items[r];
-        if (Py_TYPE(record) != EF_TYPE)
+        if (!ef_cached(record))
             ef_resolve(Py_TYPE(record));
         for (int f = 0; f < 5; f++) {
             PyObject *v = ef_get(record, f < 4 ? f : 7);
             if (v == NULL)
-                goto done;
+                goto unreadable;
             uint64_t x = 0;
             int bad = ef_u64(v, &x) < 0;
             Py_DECREF(v);
@@ -1644,21 +1714,21 @@ epoch_fields(PyObject *module, PyObject *records)
         }
         PyObject *v = ef_get(record, 4);
         if (v == NULL)
-            goto done;
+            goto unreadable;
         int truth = PyObject_IsTrue(v);
         Py_DECREF(v);
         if (truth < 0)
-            goto done;
+            goto unreadable;
         qv[r] = (unsigned char)truth;
         if ((v = ef_get(record, 5)) == NULL)
-            goto done;
+            goto unreadable;
         int kind = setsum_kind(v, dv + 32 * r);
         Py_DECREF(v);
         if (kind < 0)
             goto other;
         kv[r] = (signed char)kind;
         if ((v = ef_get(record, 6)) == NULL)
-            goto done;
+            goto unreadable;
         if (!PyTuple_Check(v)) {
             Py_DECREF(v);
             goto other;
@@ -1701,6 +1771,9 @@ epoch_fields(PyObject *module, PyObject *records)
         goto done;
     result = PyTuple_Pack(7, ints, quiet, digests, kinds, lengths, names, counts);
     goto done;
+unreadable:  /* reading a field (or its truth) raised */
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        goto done;
 other:
     PyErr_Clear();
     result = Py_NewRef(Py_None);
@@ -1877,7 +1950,8 @@ done:
 /* setsum_fault(digests, owner, lanes, kinds, primes): the first epoch whose record's
  * setsum (lanes: n x 8 uint32, kinds: n int8, 0 none, 1 digest, 2 bogus) is not the
  * setsum of its segments' digests (32 bytes each, segment k belonging to epoch
- * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64). -1: none.
+ * owner[k], int64; others ignored): lane-wise sums modulo primes (8 uint64, none 0).
+ * -1: none. ValueError for digests that are no whole number of 32 bytes or a zero prime.
  * What replay._epoch_columns.first_setsum_fault computes in numpy, in one pass. */
 static PyObject *
 setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1892,6 +1966,12 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *sums = NULL;
     if (get_array(args[0], &views[held], 0, 0, "digests") < 0)
         goto done;
+    if (views[held].len % 32) {  /* as sinks.Setsum.insert_digests refuses them */
+        PyErr_Format(PyExc_ValueError, "digests must be a whole number of 32-byte SHA3-256 "
+                     "digests, got %zd bytes", views[held].len);
+        held++;
+        goto done;
+    }
     Py_ssize_t m = views[held++].len / 32;
     if (get_array(args[3], &views[held], 0, 0, "kinds") < 0)
         goto done;
@@ -1909,6 +1989,12 @@ setsum_fault(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const int64_t *owner = (const int64_t *)views[2].buf;
     const uint32_t *lanes = (const uint32_t *)views[3].buf;
     const uint64_t *primes = (const uint64_t *)views[4].buf;
+    for (int i = 0; i < 8; i++)
+        if (primes[i] == 0) {  /* each lane is reduced modulo its prime */
+            PyErr_Format(PyExc_ValueError, "primes: setsum prime %d is 0 (pass "
+                         "sinks.SETSUM_PRIMES)", i);
+            goto done;
+        }
     sums = PyMem_Calloc((size_t)(n ? n : 1), 8 * sizeof(uint64_t));
     if (sums == NULL) {
         PyErr_NoMemory();

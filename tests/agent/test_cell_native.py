@@ -18,6 +18,7 @@ from agent import ABSENT, Agent, MemoryStore, ShippingFailed
 from agent import _agent as agent_module
 from agent import _native as choice
 from sinks import MemorySink
+from tests._memory import traced_growth
 from tests.agent.test_unscoped_native import FlakyStore, ticks
 from tests.sequencer._impls import native
 
@@ -172,8 +173,6 @@ def test_an_old_value_the_collector_tracks_keeps_its_event_tracked() -> None:
 def test_the_c_set_leaks_nothing() -> None:
     """20,000 writes in batches through the C set: once shipped, traced memory is back
     where it was (a reference leaked per write would keep megabytes)."""
-    import tracemalloc
-
     native()
     agent = Agent(MemoryStore(), MemorySink(keep_messages=False))
     assert type(agent.set).__module__ == "sequencer._native"
@@ -189,15 +188,8 @@ def test_the_c_set_leaks_nothing() -> None:
         agent.flush(timeout=30)
         agent._sink.records.clear()  # type: ignore[attr-defined]
 
-    run(2000)
-    gc.collect()
-    tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
-        run(20_000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
+        grown = traced_growth(run, warm_up=2000, measured=20_000)
     finally:
-        tracemalloc.stop()
         agent.close()
     assert grown < 64 * 1024, f"{grown} bytes more after 20,000 writes"

@@ -17,6 +17,7 @@ from agent import ABSENT, Agent, MemoryStore
 from agent import _native as choice
 from sequencer import EpochRecord, MonotonicIds
 from sinks import MemorySink
+from tests._memory import traced_growth
 from tests.sequencer._impls import native
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
@@ -110,9 +111,6 @@ def test_the_c_writer_leaks_nothing() -> None:
     """20,000 unscoped writes through the C writer (its queue items untracked by the
     collector): once shipped, traced memory is back where it was (a reference leaked
     per write, or an untracked cycle, would keep megabytes)."""
-    import gc
-    import tracemalloc
-
     native()
     store = MemoryStore()
     agent = Agent(store, MemorySink(keep_messages=False))
@@ -127,15 +125,8 @@ def test_the_c_writer_leaks_nothing() -> None:
         agent.flush(timeout=30)
         agent._sink.records.clear()  # type: ignore[attr-defined]
 
-    run(2000)  # warm up: the store's rows, caches, interned ints
-    gc.collect()
-    tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
-        run(20_000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
+        grown = traced_growth(run, warm_up=2000, measured=20_000)
     finally:
-        tracemalloc.stop()
         agent.close()
     assert grown < 64 * 1024, f"{grown} bytes more after 20,000 writes"

@@ -13,6 +13,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import subprocess
+import sys
+import textwrap
+import weakref
 from typing import Any
 
 import numpy as np
@@ -411,3 +416,204 @@ def test_a_run_applies_each_cells_last_value_deletes_included() -> None:
     assert len(handed) == 11
     assert assembler.state == {("t", 1, "c"): "again", ("t", 3, "c"): 3, ("t", 4, "c"): 4,
                                ("t", 5, "c"): 5}
+
+
+# -- epoch_fields: its cache of where a record type keeps its fields, and odd records --
+
+RECORD_FIELDS = ("domain_id", "epoch_seq", "begin_id", "end_id", "event_count", "quiescent",
+                 "table_counts", "setsum")
+
+
+def _slotted_type(*extra: str) -> type:
+    """A new class keeping the record fields (and ``extra`` ones) in __slots__: the
+    layout epoch_fields caches (CPython lays slots out by sorted name)."""
+    def init(self: Any, **values: Any) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    return type("SlottedRecord", (), {"__slots__": (*extra, *RECORD_FIELDS, "stream"),
+                                      "__init__": init})
+
+
+def test_epoch_fields_see_a_record_class_changed_after_it_was_read() -> None:
+    """A class whose field becomes a property after epoch_fields read its instances: the
+    next call reads the property (the cached slot offsets are stale), as Python does."""
+    kind = _slotted_type()
+    record = kind(**_fields(EpochRecord(7, 1, 0, 5, 1, True, (("t", 1),), "")))
+    assert EpochColumns.of_records([record]).seqs.tolist() == [1]
+    kind.epoch_seq = property(lambda self: 99)  # type: ignore[attr-defined]
+    assert record.epoch_seq == 99
+    assert EpochColumns.of_records([record]).seqs.tolist() == [99]
+    assert _outcome(EpochColumns.of_records, [record]) == _outcome(
+        EpochColumns.of_records_py, [record])
+
+
+def test_epoch_fields_hold_the_record_type_they_cache() -> None:
+    """The type whose layout is cached is held (it cannot be freed, and another type
+    made at its address, while cached), and let go when another type replaces it."""
+    kind = _slotted_type()
+    held = weakref.ref(kind)
+    native().epoch_fields([kind(**_fields(EpochRecord(7, 1, 0, 5, 1, True, (), "")))])
+    del kind
+    gc.collect()
+    assert held() is not None, "the cached type was freed: the cache held no reference"
+    native().epoch_fields([EpochRecord(7, 1, 0, 5, 1, True, (), "")])
+    gc.collect()
+    assert held() is None, "the type is still held after another replaced it in the cache"
+
+
+def test_epoch_fields_do_not_read_a_new_type_at_a_freed_ones_address() -> None:
+    """A type read by epoch_fields, dropped, and a type of another layout made (often at
+    the same address): its records read right (run in a subprocess: a stale layout
+    reads other slots, or past the object)."""
+    code = textwrap.dedent("""
+        import gc
+        from sequencer._accel import NATIVE
+        from tests.replay.test_native_columns import _slotted_type
+        from replay._epoch_columns import EpochColumns
+        values = dict(domain_id=7, epoch_seq=1, begin_id=2, end_id=5, event_count=3,
+                      quiescent=True, table_counts=(("t", 3),), setsum="")
+        old = _slotted_type()
+        NATIVE.epoch_fields([old(**values)])
+        del old
+        gc.collect()
+        for attempt in range(20):
+            new = _slotted_type("a_pad", "b_pad")
+            record = new(**values)
+            record.a_pad, record.b_pad = 1000, "x"
+            found = NATIVE.epoch_fields([record])
+            assert found is not None, "a record of the usual shape declined"
+            columns, domains = EpochColumns._of_fields(1, *found)
+            assert columns.seqs.tolist() == [1] and columns.begins.tolist() == [2], found
+            assert domains.tolist() == [7] and columns.table_names.to_pylist() == ["t"]
+            del new, record
+            gc.collect()
+        print("ok")
+        """)
+    native()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.strip() == "ok"
+
+
+def test_epoch_fields_leave_a_record_without_a_domain_to_python() -> None:
+    """A record without domain_id (which the Python columns do not read): the C pass
+    declines (None) instead of raising AttributeError, and the columns are Python's."""
+    first = EpochRecord(7, 1, 0, 5, 1, False, (("t", 1),), "")
+    loose = _LooseRecord(first, epoch_seq=2)
+    del loose.domain_id
+    assert native().epoch_fields([first, loose]) is None
+    assert EpochColumns.of_records_native([first, loose]) is None
+    assert EpochColumns.of_records([first, loose]).seqs.tolist() == [1, 2]
+
+
+class _Raising:
+    """A record whose one field raises when read."""
+
+    def __init__(self, record: EpochRecord, field: str) -> None:
+        self.__dict__.update(_fields(record))
+        self.__dict__.pop(field)
+        self.field = field
+
+    def __getattr__(self, name: str) -> Any:
+        raise ValueError(f"{name} cannot be read")
+
+
+@st.composite
+def odd_records(draw: st.DrawFn) -> Any:
+    """An epoch record, a look-alike missing a field or failing to read one, a slotted
+    one, or any other object."""
+    record = draw(records)
+    kind = draw(st.sampled_from(["record", "loose", "missing", "raising", "slotted",
+                                 "other"]))
+    if kind == "record":
+        return record
+    if kind == "loose":
+        return _LooseRecord(record)
+    if kind == "missing":
+        loose = _LooseRecord(record)
+        delattr(loose, draw(st.sampled_from(RECORD_FIELDS)))
+        return loose
+    if kind == "raising":
+        return _Raising(record, draw(st.sampled_from(RECORD_FIELDS)))
+    if kind == "slotted":
+        return _SLOTTED(**_fields(record))
+    return draw(st.none() | st.integers() | st.text(max_size=3) | st.tuples(st.integers()))
+
+
+_SLOTTED = _slotted_type()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(odd_records(), max_size=6))
+def test_epoch_fields_decline_what_python_decides(rows: list[Any]) -> None:
+    """On any records: the C pass never raises; where it gives columns, they are the
+    Python columns and the domain ids the records'; of_records (C, then Python where C
+    declines) gives the Python outcome, columns or error."""
+    found = native().epoch_fields(rows)
+    if found is not None:
+        columns, domains = EpochColumns._of_fields(len(rows), *found)
+        assert _outcome(lambda _: columns, rows) == _outcome(EpochColumns.of_records_py, rows)
+        assert domains.tolist() == [row.domain_id for row in rows]
+    assert _outcome(EpochColumns.of_records, rows) == _outcome(EpochColumns.of_records_py,
+                                                                rows)
+
+
+# -- setsum_fault: refuses inputs that are no setsum (never divides by zero) --------------
+
+def _setsum_args(digests: bytes, primes: np.ndarray) -> tuple[Any, ...]:
+    owner = np.zeros(len(digests) // 32, np.int64)
+    lanes = np.zeros((1, 8), np.uint32)
+    return digests, owner, lanes, np.ones(1, np.int8), primes
+
+
+@pytest.mark.parametrize("extra", [1, 4, 31])
+def test_setsum_fault_refuses_digests_that_are_not_whole(extra: int) -> None:
+    """Digests whose length is no multiple of 32 are refused as ``Setsum.insert_digests``
+    refuses them (they were read as fewer digests, the rest ignored)."""
+    with pytest.raises(ValueError, match="whole number of 32-byte"):
+        native().setsum_fault(*_setsum_args(bytes(32 + extra), columns_module._PRIMES))
+
+
+def test_setsum_fault_refuses_a_zero_prime() -> None:
+    """A prime of 0 in any lane is refused with a ValueError (it divided by zero: SIGFPE),
+    and arbitrary buffers either give an epoch index or a ValueError/TypeError. In a
+    subprocess: a regression kills it, not pytest."""
+    code = textwrap.dedent("""
+        import random
+        import numpy as np
+        from sequencer._accel import NATIVE
+        from sinks import SETSUM_PRIMES
+        from tests.replay.test_native_columns import _setsum_args
+        for lane in range(8):
+            primes = np.array(SETSUM_PRIMES, np.uint64)
+            primes[lane] = 0
+            try:
+                NATIVE.setsum_fault(*_setsum_args(bytes(64), primes))
+            except ValueError as exc:
+                assert f"prime {lane} is 0" in str(exc), exc
+            else:
+                raise SystemExit(f"a zero prime in lane {lane} was not refused")
+        rng = random.Random(5)
+        def buf(n, dtype):
+            return np.frombuffer(rng.randbytes(n * np.dtype(dtype).itemsize), dtype)
+        for _ in range(2000):
+            m, n = rng.randrange(4), rng.randrange(4)
+            args = [rng.randbytes(32 * m + rng.choice([0, 0, 0, 1, 8, 31])),
+                    buf(m + rng.choice([0, 0, 1]), np.int64) % (n + 2) - 1,
+                    buf(8 * n + rng.choice([0, 0, 1]), np.uint32),
+                    buf(n, np.int8) % 3,
+                    buf(8 + rng.choice([0, 0, 0, -1]), np.uint64) % rng.choice([1, 3, 1 << 32])]
+            try:
+                found = NATIVE.setsum_fault(*args)
+            except (ValueError, TypeError):
+                continue
+            assert -1 <= found < n, found
+        print("ok")
+        """)
+    native()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.strip() == "ok"

@@ -6,8 +6,6 @@ choice of implementation (``CDC_AGENT_NATIVE``)."""
 from __future__ import annotations
 
 import contextlib
-import gc
-import tracemalloc
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from hypothesis import strategies as st
 import sequencer
 from agent import _native as choice
 from sequencer import EpochSequencer, MonotonicIds, SequencerError
+from tests._memory import traced_growth
 from tests.sequencer._impls import native
 
 NS = 1_000_000_000
@@ -173,16 +172,7 @@ def test_many_batches_leak_nothing() -> None:
             with contextlib.suppress(SequencerError):
                 seq.close_batch(second, i, nxt(), 2)
 
-    run(1000)  # warm up (caches, interned ints)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        run(40_000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    grown = traced_growth(run, warm_up=1000, measured=40_000)
     assert grown < 64 * 1024, f"{grown} bytes more after 40,000 batches"
 
 
