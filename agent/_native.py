@@ -18,8 +18,8 @@ import sequencer
 from sequencer import EpochSequencer, MonotonicIds
 
 __all__ = ["ENV_VAR", "cell_writer", "event_encoder", "event_list", "native_in_use", "new_ids",
-           "new_sequencer", "segment_digests_helper", "shipper_helpers", "transpose",
-           "unscoped_writer"]
+           "new_sequencer", "segment_digests_helper", "shipper_helpers", "table_runs_helper",
+           "transpose", "unscoped_writer"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -136,4 +136,18 @@ def segment_digests_helper() -> SegmentDigests | None:
     if native_in_use():
         assert sequencer.NATIVE is not None
         return sequencer.NATIVE.sha3_segments  # type: ignore[no-any-return]
+    return None
+
+
+# table_runs(lists) -> (names, segments, counts) or None: see agent._tally.table_runs
+TableRunsHelper = Callable[[list[Any]], tuple[list[str], bytes, bytes] | None]
+
+
+def table_runs_helper() -> TableRunsHelper | None:
+    """``sequencer._native.table_runs`` (a shipment's runs of one table, for the
+    per-table counts), or None: the shipper then tallies event by event, the
+    reference (``agent._tally.table_runs`` is its Python twin, for tests)."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.table_runs  # type: ignore[no-any-return]
     return None

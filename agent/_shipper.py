@@ -37,6 +37,7 @@ from agent._native import (
     event_encoder,
     segment_digests_helper,
     shipper_helpers,
+    table_runs_helper,
 )
 from agent._tally import EpochTally
 from sequencer import EpochClosed, EpochRecord, RowKey
@@ -137,6 +138,7 @@ class Shipper:
         self._transpose, self._digest_slices = shipper_helpers()
         self._segment_digests = segment_digests_helper()
         self._event_columns = event_encoder()
+        self._table_runs = table_runs_helper()
         self._write_epochs = getattr(sink, "write_epochs", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
@@ -347,7 +349,10 @@ class Shipper:
             starts, digests = segment_digest_array(data, self._digest_slices)
             if len(starts) != len(segments):  # an agent bug, never a user error
                 raise AssertionError(f"{len(segments)} segments shipped, {len(starts)} hashed")
-        tally.add(epoch_seqs, digests, lengths, data.column(3))
+        # C (with the native module): the tables as runs, one per segment usually.
+        runs = (self._table_runs([item[3] for item in segments])
+                if self._table_runs is not None else None)
+        tally.add(epoch_seqs, digests, lengths, data.column(3), runs)
         batch = EventBatch(data)
         self._call_sink("write_events", lambda: self._sink.write_events(batch),
                         SinkBackpressure)

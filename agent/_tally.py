@@ -18,7 +18,12 @@ import pyarrow.compute as pc
 
 from sinks import SETSUM_PRIMES
 
-__all__ = ["EpochTally", "TallyMismatch"]
+__all__ = ["EpochTally", "TableRuns", "TallyMismatch", "table_runs"]
+
+# A shipment's runs of one table: (names, segments, counts), segments and counts as the
+# bytes of native int64 arrays; run k is counts[k] events of table names[k] in segment
+# segments[k].
+TableRuns = tuple[list[str], bytes, bytes]
 
 _PRIMES: Final = np.array(SETSUM_PRIMES, dtype=np.uint64)
 _COUNT: Final = 8  # column of the event count, after the 8 setsum lanes
@@ -46,17 +51,27 @@ class EpochTally:
         self._carried: dict[int, tuple[np.ndarray, dict[str, int]]] = {}
 
     def add(self, seg_seqs: np.ndarray, digests: bytes, seg_lengths: np.ndarray,
-            tables: pa.Array) -> None:
+            tables: pa.Array, runs: TableRuns | None = None) -> None:
         """Tally one shipment: per segment its epoch, SHA3 digest and event count, and
         every event's table (segments contiguous, in the same order). Call it once per
         shipment, before ``take``, when there are segments or ``carrying``; ``carry``
-        at its end."""
+        at its end.
+
+        With ``runs`` (``table_runs`` of the shipment's events), ``tables`` is not read:
+        each run of one table counts at once (a run per segment in the common case, so
+        the sort below sorts segments, not events); the tallies are the same."""
         carried, self._carried = self._carried, {}
         lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
         rows = np.concatenate((lanes, seg_lengths.astype(np.uint64)[:, None]), axis=1)
         seqs = seg_seqs.astype(np.uint64)
-        event_seqs = np.repeat(seqs, seg_lengths)
-        weights = np.ones(len(event_seqs), dtype=np.uint64)
+        if runs is None:
+            event_seqs = np.repeat(seqs, seg_lengths)
+            weights = np.ones(len(event_seqs), dtype=np.uint64)
+        else:
+            names, run_segments, run_counts = runs
+            event_seqs = seqs[np.frombuffer(run_segments, np.int64)]
+            weights = np.frombuffer(run_counts, np.int64).astype(np.uint64)
+            tables = pa.array(names, pa.utf8())
         if carried:  # the open epochs' partial tallies join this shipment's
             names = [t for _, counts in carried.values() for t in counts]
             seqs = np.concatenate((seqs, np.fromiter(carried, np.uint64, len(carried))))
@@ -137,6 +152,28 @@ class EpochTally:
     def pending(self) -> int:
         """How many epochs have tallies waiting for their records (for tests)."""
         return len(self._carried) + int(np.count_nonzero(~self._used))
+
+
+def table_runs(lists: Sequence[Sequence[tuple[object, ...]]]) -> TableRuns | None:
+    """Each segment's runs of one table (``sequencer._native.table_runs``'s reference):
+    a run ends where its segment ends or the table changes. None when an event is not
+    a 5-tuple with a ``str`` table (then tally event by event)."""
+    names: list[str] = []
+    segments: list[int] = []
+    counts: list[int] = []
+    for k, events in enumerate(lists):
+        previous: str | None = None
+        for event in events:
+            if type(event) is not tuple or len(event) != 5 or type(event[0]) is not str:
+                return None
+            if event[0] != previous:
+                names.append(event[0])
+                segments.append(k)
+                counts.append(0)
+                previous = event[0]
+            counts[-1] += 1
+    return (names, np.array(segments, np.int64).tobytes(),
+            np.array(counts, np.int64).tobytes())
 
 
 def _group_starts(*keys: np.ndarray) -> np.ndarray:

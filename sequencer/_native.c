@@ -2259,6 +2259,85 @@ event_columns(PyObject *module, PyObject *lists)
     return result;
 }
 
+/* ---- table_runs: a shipment's per-table counts, per run of one table -------------- */
+
+/* table_runs(lists): the runs of one table in each segment of `lists` (a list of lists
+ * of events, 5-tuples whose first item is the table's str), for agent._tally: a tuple
+ * (names, segments, counts): names a list of str, one per run; segments and counts
+ * bytes of native int64, the run's segment index and its number of events. A run ends
+ * where the segment ends or the table changes (equal strs are one table, whether or not
+ * they are one object). None when an event is not a 5-tuple with a str table: the
+ * shipper then tallies event by event. The Python reference: agent._tally.table_runs. */
+static PyObject *
+table_runs(PyObject *module, PyObject *lists)
+{
+    if (!PyList_Check(lists)) {
+        PyErr_SetString(PyExc_TypeError, "table_runs(lists: list[list[tuple]])");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(lists), runs = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {  /* pass 1: check, and count the runs */
+        PyObject *events = PyList_GET_ITEM(lists, k), *prev = NULL;
+        if (!PyList_Check(events))
+            Py_RETURN_NONE;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            if (!PyTuple_CheckExact(event) || PyTuple_GET_SIZE(event) != 5
+                    || !PyUnicode_CheckExact(PyTuple_GET_ITEM(event, 0)))
+                Py_RETURN_NONE;
+            PyObject *table = PyTuple_GET_ITEM(event, 0);
+            if (prev == NULL || (table != prev && PyUnicode_Compare(table, prev) != 0))
+                runs++;
+            prev = table;
+        }
+    }
+    PyObject *names = PyList_New(runs);
+    PyObject *segs = PyBytes_FromStringAndSize(NULL, 8 * runs);
+    PyObject *counts = PyBytes_FromStringAndSize(NULL, 8 * runs);
+    if (names == NULL || segs == NULL || counts == NULL) {
+        Py_XDECREF(names);
+        Py_XDECREF(segs);
+        Py_XDECREF(counts);
+        return NULL;
+    }
+    int64_t *seg = (int64_t *)PyBytes_AS_STRING(segs), *count = (int64_t *)PyBytes_AS_STRING(counts);
+    Py_ssize_t r = -1;
+    /* pass 2: allocating the names list may have run a collection (and so Python code)
+     * since pass 1: everything is checked again, and a change gives None */
+    int changed = PyList_GET_SIZE(lists) != m;
+    for (Py_ssize_t k = 0; k < m && !changed; k++) {
+        PyObject *events = PyList_GET_ITEM(lists, k), *prev = NULL;
+        changed = !PyList_Check(events);
+        for (Py_ssize_t i = 0; !changed && i < PyList_GET_SIZE(events); i++) {
+            PyObject *event = PyList_GET_ITEM(events, i);
+            if (!PyTuple_CheckExact(event) || PyTuple_GET_SIZE(event) != 5
+                    || !PyUnicode_CheckExact(PyTuple_GET_ITEM(event, 0))) {
+                changed = 1;
+                break;
+            }
+            PyObject *table = PyTuple_GET_ITEM(event, 0);
+            if (prev == NULL || (table != prev && PyUnicode_Compare(table, prev) != 0)) {
+                if (++r >= runs) {
+                    changed = 1;
+                    break;
+                }
+                Py_INCREF(table);
+                PyList_SET_ITEM(names, r, table);
+                seg[r] = k;
+                count[r] = 0;
+            }
+            count[r]++;
+            prev = table;
+        }
+    }
+    PyObject *result = (changed || r + 1 != runs) ? Py_NewRef(Py_None)
+                       : PyTuple_Pack(3, names, segs, counts);
+    Py_DECREF(names);
+    Py_DECREF(segs);
+    Py_DECREF(counts);
+    return result;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -2282,6 +2361,9 @@ static PyMethodDef module_methods[] = {
      "event_columns(lists): the table, row, column, old and new columns of the events "
      "in lists (of lists of 5-tuples) as Arrow (offsets, data) buffers, or None: "
      "encode them in Python (sinks.codec)."},
+    {"table_runs", table_runs, METH_O,
+     "table_runs(lists): each segment's runs of one table, as (names, segments, counts) "
+     "(int64 bytes), or None for events of another shape (agent._tally)."},
     {"bind_checks", bind_checks, METH_VARARGS,
      "bind_checks(known_names, check_write, ABSENT): the set of names already checked, "
      "the checks CellWriter calls for anything else, and ABSENT (for event_columns); "

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent._tally import EpochTally, TallyMismatch
+from agent._tally import EpochTally, TallyMismatch, table_runs
 from sinks import Setsum
+from tests.sequencer._impls import native
 
 segment = st.tuples(st.integers(1, 6),  # epoch (the segment's batch was counted in it)
                     st.binary(min_size=32, max_size=32),  # its digest
@@ -78,3 +79,76 @@ def test_a_count_that_differs_from_the_sequencers_is_a_bug_named() -> None:
     tally.add(np.array([3], dtype=np.uint64), bytes(32), np.array([2]), pa.array(["t", "t"]))
     with pytest.raises(TallyMismatch, match="epoch 3: sequencer counted 1 events, shipper saw 2"):
         tally.take([3], [1])
+
+
+# -- table runs: the shipper's C shortcut for per-table counts (sequencer._native) ---------
+
+# Equal names as distinct objects too: C compares by pointer first, then by value.
+_name = st.sampled_from(["a", "b", "é", "zz"]).map(lambda t: "".join(list(t)))
+_event = st.tuples(_name, st.integers(0, 3), st.just("c"), st.none(), st.integers(0, 3))
+_odd_event = st.one_of(  # what the C pass refuses: the shipper then tallies per event
+    st.tuples(st.integers(0, 3), st.just(1), st.just("c"), st.none(), st.none()),
+    st.tuples(_name, st.just(1), st.just("c"), st.none()),
+    st.builds(list, st.tuples(_name, st.just(1), st.just("c"), st.none(), st.none())),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_event, max_size=6), max_size=6),
+       st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 6), _odd_event)))
+def test_native_table_runs_equal_the_python_reference(
+        lists: list[list[object]], odd: tuple[int, int, object] | None) -> None:
+    if odd is not None and lists:
+        k, i, event = odd
+        segment = lists[k % len(lists)]
+        segment.insert(min(i, len(segment)), event)
+    expected = table_runs(lists)  # type: ignore[arg-type]
+    got = native().table_runs(lists)
+    assert got == expected
+    if odd is None or not lists:  # a well-formed shipment: the runs re-count its tables
+        assert expected is not None
+        names, segments, counts = expected
+        recount = Counter(
+            (k, t) for k, t, n in zip(np.frombuffer(segments, np.int64).tolist(), names,
+                                      np.frombuffer(counts, np.int64).tolist(), strict=True)
+            for _ in range(n))
+        assert recount == Counter((k, e[0]) for k, s in enumerate(lists)
+                                  for e in s)  # type: ignore[index]
+        # Runs are maximal: no two neighbours in one segment name the same table.
+        seg_list = np.frombuffer(segments, np.int64).tolist()
+        assert all(not (seg_list[j] == seg_list[j + 1] and names[j] == names[j + 1])
+                   for j in range(len(names) - 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.binary(min_size=32, max_size=32),
+                          st.lists(_name, min_size=1, max_size=5)), max_size=20),
+       st.lists(st.integers(0, 20), max_size=5))
+def test_tallies_from_runs_equal_tallies_event_by_event(
+        segments: list[tuple[int, bytes, list[str]]], cuts: list[int]) -> None:
+    """The shipper's native path (``runs``) gives the reference path's digests, counts
+    and per-table counts exactly, however shipments cut the segments (epochs close
+    after the last shipment, so open epochs carry over between shipments)."""
+    by_event, by_run = EpochTally(), EpochTally()
+    bounds = sorted({0, len(segments), *[c for c in cuts if c < len(segments)]})
+    for lo, hi in itertools.pairwise(bounds):
+        segs = segments[lo:hi]
+        args = (np.array([e for e, _, _ in segs], dtype=np.uint64),
+                b"".join(d for _, d, _ in segs),
+                np.array([len(ts) for _, _, ts in segs], dtype=np.int64))
+        by_event.add(*args, pa.array([t for _, _, ts in segs for t in ts], pa.utf8()))
+        runs = native().table_runs([[(t, 0, "c", None, 1) for t in ts] for _, _, ts in segs])
+        by_run.add(*args, pa.array([], pa.utf8()), runs)
+        by_event.carry()
+        by_run.carry()
+    epochs = sorted({e for e, _, _ in segments})
+    counts = [sum(len(ts) for e, _, ts in segments if e == epoch) for epoch in epochs]
+    if segments:  # the shipment that closes them (none of its own: ``carrying``)
+        for tally in (by_event, by_run):
+            tally.add(np.zeros(0, np.uint64), b"", np.zeros(0, np.int64),
+                      pa.array([], pa.utf8()))
+    want, got = by_event.take(epochs, counts), by_run.take(epochs, counts)
+    assert want[0] == got[0]
+    assert want[1].tolist() == got[1].tolist()
+    assert want[2].to_pylist() == got[2].to_pylist()
+    assert want[3].tolist() == got[3].tolist()
