@@ -156,12 +156,13 @@ def test_micro_batches_read_from_the_saved_offsets_and_a_restart_resumes(
     with pytest.raises(Exception, match="killed after the batch"):
         s.run(crash_once)
     assert "resumed at" in s.said[1] and s.seen[1][1] > 0
+    crashed = json.loads(s.saved()["offsets"])
     read, start, end = s.span(s.said[1])
     assert start == offsets and read == sum(end) - sum(offsets) < sum(end)
     s.run()  # the restarted query reruns that batch: resumed, nothing written twice
     assert "resumed at" in s.said[-1] and s.seen[-1] == (s.seen[1][0], 0)
     again, start, end = s.span(s.said[-1])  # from where the crashed batch saved
-    assert start == json.loads(s.saved()["offsets"]) and again < sum(end) // 4
+    assert start == crashed and again < sum(end) // 4
     print(f"\ntopic of {sum(end)} messages: the resumed micro-batch read {read}, "
           f"its rerun (resumed from its own save) {again}")
     check_streamed(s.rows(), [rounds.a, rounds.b], python={**rounds.a.final,
