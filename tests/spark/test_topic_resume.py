@@ -23,7 +23,7 @@ from sinks.codec import HEADER_PARTITION, HEADER_WHOLE
 from sinks.kafka import KafkaSink
 from tests.services.kafka import KafkaBroker
 from tests.spark._logs import Logged, check_streamed, write_log
-from tests.spark.test_kafka import Message, _drop, _is_marker, _produce, _read_all, _whole
+from tests.spark.test_kafka import Message, _is_event, _is_marker, _produce, _read_all, _whole
 
 pytestmark = [
     pytest.mark.spark, pytest.mark.kafka,
@@ -63,6 +63,24 @@ class Rounds:
 
     def all_of_b(self) -> list[Message]:
         return [m for p in range(3) for m in self.second[p]]
+
+
+def _moved_late(ms: list[Message], epochs: set[tuple[int, int]]) -> list[Message]:
+    """The first event of one of ``epochs`` (domain, epoch) that has its partition's
+    marker of its epoch after it, moved right after that marker."""
+    from sinks.codec import decode_native_event
+
+    for i, m in enumerate(ms):
+        if not _is_event(m):
+            continue
+        event = decode_native_event(m[2] or b"")
+        for j in range(i + 1, len(ms)):
+            if ms[j][0] == m[0] and _is_marker(ms[j]):
+                w = _whole(ms[j])
+                if (w.domain_id == event.domain_id and w.begin_id <= event.batch_id < w.end_id
+                        and (w.domain_id, w.epoch_seq) in epochs):
+                    return [*ms[:i], *ms[i + 1:j + 1], m, *ms[j + 1:]]
+    raise AssertionError("no event with its marker after it")
 
 
 def _topic(broker: KafkaBroker, stem: str) -> str:
@@ -171,14 +189,21 @@ def test_micro_batches_read_from_the_saved_offsets_and_a_restart_resumes(
 
 def test_a_resumed_micro_batch_still_refuses_a_lost_event(
         spark: Any, kafka_broker: KafkaBroker, rounds: Rounds, tmp_path: Path) -> None:
-    """Round B arrives with one event dropped: the resumed micro-batch (reading only
-    from the saved offsets) stops the query with InconsistentLog, writing nothing."""
+    """In partition 0 of "half", an event of an epoch that partition 2 vouches for only
+    in the rest (so after the first micro-batch's point) is moved after partition 0's
+    marker of its epoch (lost to that epoch: the Python consumer counts it in a later
+    one). Once the rest arrives, the resumed micro-batch, reading only from the saved
+    offsets, stops the query with InconsistentLog and writes nothing."""
     s = Stream(spark, kafka_broker, tmp_path, "lost")
-    s.produce(rounds.all_of_a())
+    half, rest = rounds.half_of_a()
+    later = {(w.domain_id, w.epoch_seq) for w in map(_whole, filter(_is_marker, rest))}
+    zero = len(rounds.first[0])
+    s.produce([*_moved_late(half[:zero], later), *half[zero:]])
     s.run()
+    assert "from its start" in s.said[0]
     before = len(s.rows())
-    s.produce(_drop(rounds.all_of_b()))
-    with pytest.raises(Exception, match=r"InconsistentLog|events of this epoch"):
+    s.produce(rest)
+    with pytest.raises(Exception, match=r"InconsistentLog: .*events of this epoch before"):
         s.run()
     assert "resumed at" in s.said[-1]
     assert len(s.rows()) == before
@@ -234,6 +259,7 @@ def test_markers_checked_from_a_saved_point(rounds: Rounds) -> None:
     partition whose first marker after the point is missing is refused."""
     from replay import InconsistentLog, Position
     from replay.spark._kafka import vouched_epochs
+    from replay.spark._topic_resume import marker_starts
 
     offset = dict.fromkeys(range(3), 0)
     markers = []
@@ -263,6 +289,13 @@ def test_markers_checked_from_a_saved_point(rounds: Rounds) -> None:
     tail = [mk for mk in markers if mk[1] >= cut[mk[0]]]
     again, offsets = vouched_epochs(tail, 3, point)
     assert again == later
+    # What a saved point keeps: from each partition's first marker of a later epoch.
+    starts = marker_starts(markers, {d: p.epoch_seq for d, p in point.items()},
+                           [offset[p] for p in range(3)])
+    assert all(mk[1] >= starts[mk[0]] for mk in markers
+               if epoch(mk)[1] > point[epoch(mk)[0]].epoch_seq)
+    assert vouched_epochs([mk for mk in markers if mk[1] >= starts[mk[0]]], 3,
+                          point)[0] == later
     assert all(len(o) == sum(1 for mk in tail if mk[0] == p and epoch(mk)[0] == d
                              and epoch(mk)[1] > point[d].epoch_seq)
                for (p, d), o in offsets.items())
