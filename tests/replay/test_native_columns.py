@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import subprocess
-import sys
 import textwrap
 import weakref
 from typing import Any
@@ -32,6 +30,7 @@ from replay import Assembler
 from replay._epoch_columns import EpochColumns, segment_digests_at
 from sequencer import NATIVE, EpochRecord
 from sinks.codec import EVENT_SCHEMA, SEGMENT_BITS, EventBatch, segment_digest_array
+from tests._subprocess import python_output
 
 HEX = "0123456789abcdef"
 setsums = st.one_of(
@@ -491,10 +490,7 @@ def test_epoch_fields_do_not_read_a_new_type_at_a_freed_ones_address() -> None:
         print("ok")
         """)
     native()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.strip() == "ok"
+    assert python_output(code, timeout=120) == "ok"
 
 
 def test_epoch_fields_leave_a_record_without_a_domain_to_python() -> None:
@@ -613,7 +609,4 @@ def test_setsum_fault_refuses_a_zero_prime() -> None:
         print("ok")
         """)
     native()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.strip() == "ok"
+    assert python_output(code, timeout=120) == "ok"
