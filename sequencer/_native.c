@@ -1031,6 +1031,12 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
         if (tick == NULL)
             goto unlock_fail;
+        if (!PyTuple_Check(tick) || PyTuple_GET_SIZE(tick) != 2) {  /* an override's bug */
+            PyErr_Format(PyExc_TypeError, "_wait_for_ticket returned %R, not a "
+                         "(batch id, epoch) ticket", tick);
+            Py_DECREF(tick);
+            goto unlock_fail;
+        }
         batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
         seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
         Py_DECREF(tick);
