@@ -1565,7 +1565,10 @@ ef_resolve(PyTypeObject *type)
         return;
     for (int i = 0; i < 8; i++) {
         PyObject *d = _PyType_Lookup(type, EF_NAMES[i]);  /* borrowed */
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        /* a slot of this type or a base: another class's descriptor set on it would
+         * give an offset outside the record */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)
+                || !PyType_IsSubtype(type, PyDescr_TYPE(d)))
             return;
         PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
         if (member->type != T_OBJECT_EX || (member->flags & READ_RESTRICTED))
@@ -1681,7 +1684,9 @@ epoch_fields(PyObject *module, PyObject *records)
             if ((EF_NAMES[i] = PyUnicode_InternFromString(EF_TEXT[i])) == NULL)
                 return NULL;
     }
-    PyObject *seq = PySequence_Fast(records, "epoch_fields(records): a sequence");
+    /* A tuple of its own: reading a field may run Python code (a property, __bool__, a
+     * finalizer) that changes a list it was given and frees the record being read. */
+    PyObject *seq = PySequence_Tuple(records);
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
