@@ -248,13 +248,16 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                       prefix: str = "", endpoint_url: str | None = None,
                       encoding: str = "native", interval: str = "10 seconds",
                       on_batch: Callable[[int, int], None] | None = None,
-                      progress: Callable[[str], None] | None = None) -> StreamingQuery:
+                      progress: Callable[[str], None] | None = None,
+                      once: bool = False) -> StreamingQuery:
     """Start a query that keeps the changeset table at ``path`` up to date with the log.
 
     Each micro-batch ends at a frontier of quiescence points (offsets checkpointed in
     ``checkpoint``) and appends the verified changesets up to it (``write_changesets``).
     ``on_batch(batch_id, rows)`` is called after each micro-batch is written;
     ``progress(text)`` hears where each micro-batch starts (resumed or from scratch).
+    ``once``: apply what the log holds when the query starts, then stop (Spark's
+    ``availableNow`` trigger: the query ends even while writers go on writing).
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
@@ -281,6 +284,8 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             ends = None if rows[0]["_ends"] is None else json.loads(rows[0]["_ends"])
             resume, why = load_topic_resume(spark, saved, applied_frontier(
                 spark, path, format), parse_topic_uri(uri)[1], encoding)
+            # Where the table is (as for a wal3 log below), even if not resumed.
+            since = None if resume is None else Frontier.of(resume.frontier.values())
             try:
                 replay = LogReplay(spark, uri, encoding=encoding, topic_end=ends,
                                    resume=resume)
@@ -289,6 +294,9 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                 replay = LogReplay(spark, uri, encoding=encoding, topic_end=ends)
         else:
             resume = load_resume(spark, saved, applied_frontier(spark, path, format))
+            # Where the table is: the saved frontier counts the intervals that wrote no
+            # row (the table's rows cannot show them, and a collected log lost them).
+            since = None if resume is None else Frontier.of(resume.frontier.values())
             try:
                 replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
                                    resume=resume)
@@ -301,7 +309,7 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             until = replay.settle(end)
             written = write_changesets(
                 replay, path, format=format, style=style, end=until, exact=True,
-                since=None if resume is None else Frontier.of(resume.frontier.values()))
+                since=since)
             if topic:
                 save_topic_resume(replay, saved, batch_id, until)
             else:
@@ -315,7 +323,8 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
                           encoding=encoding)
             .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
-            .trigger(processingTime=interval).start())
+            .trigger(**({"availableNow": True} if once else {"processingTime": interval}))
+            .start())
 
 
 def _where(replay: LogReplay, resume: Resumed | None, why: str) -> str:
