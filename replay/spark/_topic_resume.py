@@ -29,6 +29,7 @@ version, topic or encoding, or whose offsets the topic no longer holds (retentio
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Final
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 
     from replay.spark._replay import LogReplay
 
-__all__ = ["TOPIC_RESUME_VERSION", "TopicResumed", "load_topic_resume", "pending_events",
-           "save_topic_resume"]
+__all__ = ["TOPIC_RESUME_VERSION", "TopicResumed", "load_topic_resume", "marker_starts",
+           "pending_events", "resume_offsets", "save_topic_resume"]
 
 TOPIC_RESUME_VERSION: Final = 1
 _FORMAT: Final = "cdc-agent topic resume"
@@ -88,7 +89,7 @@ def resume_offsets(replay: LogReplay, until: Frontier) -> list[int] | None:
     from pyspark.sql import functions as F
 
     from replay.spark._decode import KIND_EVENT
-    from replay.spark._kafka import KafkaTopic, _epoch_record
+    from replay.spark._kafka import KafkaTopic
 
     source = replay.source
     if not isinstance(source, KafkaTopic):
@@ -97,8 +98,23 @@ def resume_offsets(replay: LogReplay, until: Frontier) -> list[int] | None:
     if (chunks or replay.baselines
             or {p.domain_id for p in until} != set(replay.epochs.epochs)):
         return None
-    at = {p.domain_id: p.epoch_seq for p in until}
-    offsets = list(source.end)
+    offsets = marker_starts(markers, {p.domain_id: p.epoch_seq for p in until}, source.end)
+    needed = (replay._rows.filter((F.col("kind") == KIND_EVENT) & pending_events(until))
+              .groupBy("partition").agg(F.min("offset").alias("first")).collect())
+    for row in needed:
+        p = int(row["partition"])
+        offsets[p] = min(offsets[p], int(row["first"]))
+    return offsets
+
+
+def marker_starts(markers: Iterable[tuple[int, int, bytes, bytes]], at: Mapping[int, int],
+                  ends: Sequence[int]) -> list[int]:
+    """Per partition, the offset of its first marker that a replay resumed at ``at``
+    (domain -> epoch) needs: of a later epoch, or of a domain ``at`` does not name
+    (``ends[p]`` if none)."""
+    from replay.spark._kafka import _epoch_record
+
+    offsets = list(ends)
     wholes: dict[bytes, tuple[int, int]] = {}
     for partition, offset, _part, whole in markers:
         if whole not in wholes:
@@ -107,11 +123,6 @@ def resume_offsets(replay: LogReplay, until: Frontier) -> list[int] | None:
         domain_id, epoch_seq = wholes[whole]
         if domain_id not in at or epoch_seq > at[domain_id]:
             offsets[partition] = min(offsets[partition], offset)
-    needed = (replay._rows.filter((F.col("kind") == KIND_EVENT) & pending_events(until))
-              .groupBy("partition").agg(F.min("offset").alias("first")).collect())
-    for row in needed:
-        p = int(row["partition"])
-        offsets[p] = min(offsets[p], int(row["first"]))
     return offsets
 
 
