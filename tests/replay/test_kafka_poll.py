@@ -233,3 +233,30 @@ def test_tables_parsed_for_one_number_of_tables_are_not_taken_for_another() -> N
     forged, raw = _two_table_counts()
     assert decode_epoch_messages([forged]) is None
     assert decode_epoch_messages([raw]) == [decode(raw)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)), max_size=40),
+       cuts=st.lists(st.integers(1, 45), min_size=1, max_size=6, unique=True),
+       start=st.sampled_from([0, 2**64 - 20]))
+def test_events_taken_for_many_epochs_at_once_as_one_by_one(
+        batches: list[tuple[int, int]], cuts: list[int], start: int) -> None:
+    """``take_runs`` (the planned path: a lane's epochs of one poll at once, several
+    write batches in an epoch, ids wrapping the ring) takes what ``take_before`` does
+    epoch by epoch, and leaves the same events waiting."""
+    from replay._kafka_log import _PendingBatches
+
+    ring = 1 << 64
+    one, many = _PendingBatches(), _PendingBatches()
+    for batch, seq in batches:
+        for pending in (one, many):
+            pending.add((start + batch) % ring, seq, f"{batch}/{seq}".encode())
+    ends = [(start + cut) % ring for cut in sorted(cuts)]
+    expected = [sorted(one.take_before(end)) for end in ends]
+    assert many._base is not None or not batches
+    base = many._base if many._base is not None else 0
+    taken = many.take_runs([(end - base) % ring for end in ends])
+    assert [sorted(taken.get(k, [])) for k in range(len(ends))] == expected
+    assert all(taken.values())  # no list for an epoch without events
+    assert many.events == one.events
+    assert many._batches == one._batches
