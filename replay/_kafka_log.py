@@ -312,13 +312,35 @@ class KafkaLog:
         order read (an event message with ``headers`` None): as ``feed`` on each in
         turn, but with ``bulk`` the usual poll is planned as a whole, its markers
         handled as columns (``replay._kafka_poll``); anything irregular goes message
-        by message, which names the fault where it is."""
+        by message, which names the fault where it is. A poll holding a partition's
+        first marker (where its epoch sequence is worked out) goes message by message up
+        to that marker, and the rest is planned."""
         if self._failure is not None:
             raise self._failure
         plan = plan_poll(self, entries)
         if plan is not None:
             apply_plan(self, plan)
             return []
+        firsts = _first_markers(self, entries) if self._defer else []
+        if not firsts:
+            return self._feed_each(entries)
+        # Each such marker alone, message by message; what lies between them, planned.
+        out: list[Changeset] = []
+        start = 0
+        for first in [*firsts, len(entries)]:
+            if start < first:
+                between = entries[start:first]
+                plan = plan_poll(self, between)
+                if plan is None:
+                    out += self._feed_each(between)
+                else:
+                    apply_plan(self, plan)
+            out += self._feed_each(entries[first:first + 1])
+            start = first + 1
+        return out
+
+    def _feed_each(self, entries: Sequence[Entry]) -> list[Changeset]:
+        """``feed`` each of ``entries`` in turn."""
         out: list[Changeset] = []
         feed, feed_event = self.feed, self.feed_event
         for partition, offset, key, value, headers in entries:
@@ -619,6 +641,23 @@ class KafkaLog:
         if not behind:
             return []
         return [p for p in range(self.partitions) if p not in behind]
+
+
+def _first_markers(log: KafkaLog, entries: Sequence[Entry]) -> list[int]:
+    """Where ``entries`` hold the first marker of a partition that has no epoch sequence
+    yet (worked out message by message, at that marker), in order."""
+    lanes = log._lanes
+    waiting = {p for p in range(log.partitions)
+               if not any(lane.next_epoch is not None for lane in lanes[p].values())}
+    out: list[int] = []
+    if waiting:
+        for i, (partition, _offset, _key, _value, headers) in enumerate(entries):
+            if headers is not None and partition in waiting:
+                waiting.discard(partition)
+                out.append(i)
+                if not waiting:
+                    break
+    return out
 
 
 def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,

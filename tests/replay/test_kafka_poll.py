@@ -260,3 +260,20 @@ def test_events_taken_for_many_epochs_at_once_as_one_by_one(
     assert all(taken.values())  # no list for an epoch without events
     assert many.events == one.events
     assert many._batches == one._batches
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_poll_holding_first_markers_plans_what_lies_between(partitions: int) -> None:
+    """The first poll of a topic holds every partition's first marker (message by
+    message: the epoch sequence is worked out there): the messages between them are
+    planned, and the poll hands out what one fed message by message does."""
+    topic = simulate_topic(_items(1), partitions, "native")
+    messages = _interleaved(topic, random.Random(5))
+    planned = _PlansApplied()
+    with mock.patch.object(kafka_log, "apply_plan", planned):
+        fast = _consumer(list(messages), partitions).poll(0, max_messages=len(messages))
+    with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
+        slow = _consumer(list(messages), partitions).poll(0, max_messages=len(messages))
+    assert [(c.epoch_seq, c._changes) for c in fast] == [
+        (c.epoch_seq, c._changes) for c in slow]
+    assert len(fast) > 100 and planned.count >= 1
