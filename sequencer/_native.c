@@ -1031,6 +1031,12 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
         if (tick == NULL)
             goto unlock_fail;
+        if (!PyTuple_Check(tick) || PyTuple_GET_SIZE(tick) != 2) {  /* an override's bug */
+            PyErr_Format(PyExc_TypeError, "_wait_for_ticket returned %R, not a "
+                         "(batch id, epoch) ticket", tick);
+            Py_DECREF(tick);
+            goto unlock_fail;
+        }
         batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
         seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
         Py_DECREF(tick);
@@ -1559,7 +1565,10 @@ ef_resolve(PyTypeObject *type)
         return;
     for (int i = 0; i < 8; i++) {
         PyObject *d = _PyType_Lookup(type, EF_NAMES[i]);  /* borrowed */
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        /* a slot of this type or a base: another class's descriptor set on it would
+         * give an offset outside the record */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)
+                || !PyType_IsSubtype(type, PyDescr_TYPE(d)))
             return;
         PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
         if (member->type != T_OBJECT_EX || (member->flags & READ_RESTRICTED))
@@ -1675,7 +1684,9 @@ epoch_fields(PyObject *module, PyObject *records)
             if ((EF_NAMES[i] = PyUnicode_InternFromString(EF_TEXT[i])) == NULL)
                 return NULL;
     }
-    PyObject *seq = PySequence_Fast(records, "epoch_fields(records): a sequence");
+    /* A tuple of its own: reading a field may run Python code (a property, __bool__, a
+     * finalizer) that changes a list it was given and frees the record being read. */
+    PyObject *seq = PySequence_Tuple(records);
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from replay._position import Frontier, Position
 from replay.spark._replay import ChangeStyle, LogReplay
+from replay.spark._source import LogSource
 
 __all__ = ["Format", "applied_frontier", "write_changesets", "write_state"]
 
@@ -85,8 +86,20 @@ def applied_frontier(spark: SparkSession, path: str, format: Format = "delta",
     positions = []
     for row in rows:
         domain_id, q = int(row["_domain"]) % (1 << 64), int(row["q"])
-        positions.append(replay.epochs.position(domain_id, q) if replay is not None
-                         else Position(domain_id, q, 0))
+        if replay is None:
+            positions.append(Position(domain_id, q, 0))
+            continue
+        try:
+            positions.append(replay.epochs.position(domain_id, q))
+        except ValueError:
+            if not isinstance(replay.source, LogSource) or not replay.source.deltas:
+                raise
+            raise ValueError(
+                f"the changeset table at {path} ends at epoch {q} of domain "
+                f"{domain_id:016x}, a point `cdc-agent log gc` compacted away: the log no "
+                "longer holds what came after it. If you know the table is further on (the "
+                "intervals after its last rows changed nothing), pass since= the frontier it "
+                "is at; otherwise rebuild it from the log's checkpoint") from None
     return Frontier.of(positions)
 
 

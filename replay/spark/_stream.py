@@ -273,11 +273,14 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             return
         if topic:  # from the topic's start up to the ends the source saw (no resume yet)
             ends = rows[0]["_ends"]
-            resume = None
+            resume, since = None, None
             replay = LogReplay(spark, uri, encoding=encoding,
                                topic_end=None if ends is None else json.loads(ends))
         else:
             resume = load_resume(spark, saved, applied_frontier(spark, path, format))
+            # Where the table is: the saved frontier counts the intervals that wrote no
+            # row (the table's rows cannot show them, and a collected log lost them).
+            since = None if resume is None else Frontier.of(resume.frontier.values())
             try:
                 replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
                                    resume=resume)
@@ -294,7 +297,7 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             until = replay.settle(end)
             written = write_changesets(
                 replay, path, format=format, style=style, end=until, exact=True,
-                since=None if resume is None else Frontier.of(resume.frontier.values()))
+                since=since)
             if not topic:
                 save_resume(replay, saved, batch_id, until)
         finally:

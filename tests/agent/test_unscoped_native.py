@@ -7,6 +7,7 @@ every epoch record with its counts and setsum), the same counters and quiescence
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from agent import _native as choice
 from sequencer import EpochRecord, MonotonicIds
 from sinks import MemorySink
 from tests._memory import traced_growth
+from tests._subprocess import python_output
 from tests.sequencer._impls import native
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
@@ -130,3 +132,39 @@ def test_the_c_writer_leaks_nothing() -> None:
     finally:
         agent.close()
     assert grown < 64 * 1024, f"{grown} bytes more after 20,000 writes"
+
+
+def test_a_wait_for_ticket_override_that_returns_no_ticket_raises_type_error() -> None:
+    """Forced quiescence makes the C writer call ``agent._wait_for_ticket()``; a result
+    that is not a (batch id, epoch) ticket (an override's bug) is a TypeError, not a
+    read of memory that is not there (in a subprocess: a regression kills only it)."""
+    native()
+    code = textwrap.dedent("""
+        import threading
+        from agent import Agent, MemoryStore
+        from sinks import MemorySink
+
+        now = [10**9]
+        agent = Agent(MemoryStore(), MemorySink(), clock_ns=lambda: now[0],
+                      max_quiescence_interval=1.0)
+        assert type(agent._set_unscoped).__name__ == "UnscopedWriter", "no C writer"
+        agent._wait_for_ticket = lambda: None
+        said = []
+
+        def unscoped() -> None:
+            try:
+                agent.set("t", 2, "a", 1)
+            except TypeError as exc:
+                said.append("refused" if "not a (batch id, epoch) ticket" in str(exc)
+                            else str(exc))
+
+        with agent.batch():
+            agent.set("t", 1, "a", 1)
+            now[0] += 2 * 10**9  # past the interval: the next open is held back
+            writer = threading.Thread(target=unscoped)
+            writer.start()
+            writer.join(10)
+        agent.close()
+        print(*said)
+        """)
+    assert python_output(code) == "refused"

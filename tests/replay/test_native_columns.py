@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import subprocess
-import sys
 import textwrap
 import weakref
 from typing import Any
@@ -32,6 +30,7 @@ from replay import Assembler
 from replay._epoch_columns import EpochColumns, segment_digests_at
 from sequencer import NATIVE, EpochRecord
 from sinks.codec import EVENT_SCHEMA, SEGMENT_BITS, EventBatch, segment_digest_array
+from tests._subprocess import python_output
 
 HEX = "0123456789abcdef"
 setsums = st.one_of(
@@ -462,6 +461,58 @@ def test_epoch_fields_hold_the_record_type_they_cache() -> None:
     assert held() is None, "the type is still held after another replaced it in the cache"
 
 
+def test_epoch_fields_survive_code_that_empties_the_list_being_read() -> None:
+    """Reading a field runs Python code (here ``quiescent.__bool__``) that clears the
+    list epoch_fields walks, freeing its records: it reads its own copy of the list
+    (in a subprocess: a read of a freed record can crash)."""
+    code = textwrap.dedent("""
+        import gc
+        from sequencer._accel import NATIVE
+        rows = []
+
+        class Emptying:
+            def __bool__(self):
+                rows.clear()
+                gc.collect()
+                return True
+
+        class Record:
+            def __init__(self, seq):
+                self.domain_id, self.epoch_seq, self.begin_id = 7, seq, seq
+                self.end_id, self.event_count, self.setsum = seq + 1, 0, ""
+                self.quiescent, self.table_counts = Emptying(), (("t" * 1000, 1),)
+                self.ballast = bytearray(10**5)
+
+        for _ in range(5):
+            rows.extend(Record(i) for i in range(1, 500))
+            found = NATIVE.epoch_fields(rows)
+            assert found is not None and len(found[1]) == 499, found
+        print("ok")
+        """)
+    native()
+    assert python_output(code, timeout=120) == "ok"
+
+
+def test_epoch_fields_refuse_a_slot_descriptor_of_another_class() -> None:
+    """A class given another class's slot descriptors (whose offsets lie past its own
+    objects): Python refuses to read them, and epoch_fields declines (None) instead of
+    reading past the object (in a subprocess: such a read can crash)."""
+    code = textwrap.dedent("""
+        from sequencer._accel import NATIVE
+        from tests.replay.test_native_columns import RECORD_FIELDS, _slotted_type
+        wide = _slotted_type(*(f"pad{i}" for i in range(10)))
+
+        class Borrowing:
+            __slots__ = ()
+
+        for name in RECORD_FIELDS:
+            setattr(Borrowing, name, wide.__dict__[name])
+        print(NATIVE.epoch_fields([Borrowing()] * 3))
+        """)
+    native()
+    assert python_output(code, timeout=60) == "None"
+
+
 def test_epoch_fields_do_not_read_a_new_type_at_a_freed_ones_address() -> None:
     """A type read by epoch_fields, dropped, and a type of another layout made (often at
     the same address): its records read right (run in a subprocess: a stale layout
@@ -491,10 +542,7 @@ def test_epoch_fields_do_not_read_a_new_type_at_a_freed_ones_address() -> None:
         print("ok")
         """)
     native()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.strip() == "ok"
+    assert python_output(code, timeout=120) == "ok"
 
 
 def test_epoch_fields_leave_a_record_without_a_domain_to_python() -> None:
@@ -613,7 +661,4 @@ def test_setsum_fault_refuses_a_zero_prime() -> None:
         print("ok")
         """)
     native()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.strip() == "ok"
+    assert python_output(code, timeout=120) == "ok"

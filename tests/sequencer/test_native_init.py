@@ -8,12 +8,11 @@ return code says so), not pytest.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests._subprocess import python_output
 from tests.sequencer._impls import native
 
 # What each type offers: every method, the call, every attribute.
@@ -73,10 +72,8 @@ def test_an_uninitialised_native_object_refuses_every_use(name: str) -> None:
             raise SystemExit("the broken __init__ passed")
         """)
     code = SCRIPT.format(name=name, uses=USES[name], failed_init=failed_init)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.count("refused") == 2 * len(USES[name]), done.stdout
+    out = python_output(code)
+    assert out.count("refused") == 2 * len(USES[name]), out
 
 
 def test_a_writer_refuses_an_uninitialised_sequencer() -> None:
@@ -96,10 +93,7 @@ def test_a_writer_refuses_an_uninitialised_sequencer() -> None:
             print("refused")
         """)
     native()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert done.stdout.strip() == "refused"
+    assert python_output(code, timeout=60) == "refused"
 
 
 def test_an_initialised_object_still_works_after_a_failed_reinit() -> None:
