@@ -51,7 +51,7 @@ class _Run:
     """Changesets handed out together; ``start``: how many of them are gone (committed
     or dropped as the oldest); ``hidden``: indexes of those a rebuilding consumer hid."""
 
-    __slots__ = ("before", "changesets", "handed", "hidden", "last", "start")
+    __slots__ = ("before", "changesets", "domains", "handed", "hidden", "last", "start")
 
     def __init__(self, changesets: list[Changeset], before: dict[int, int],
                  last: dict[int, int], handed: dict[int, Changeset | Position]) -> None:
@@ -61,13 +61,24 @@ class _Run:
         self.handed = handed  # per domain, the last handed out before the run
         self.start = 0
         self.hidden: set[int] | None = None
+        self.domains: frozenset[int] | None = None  # of the changesets, found when needed
 
     def point(self, index: int) -> CommitPoint:
         """The commit point of ``changesets[index]``: the offsets and, per domain, the
-        last changeset handed out up to it (hidden ones too, as when it was made)."""
+        last changeset handed out up to it (hidden ones too, as when it was made).
+        Looked for backwards, until every domain of the run is found: one step for a
+        one-domain run, however far into it ``index`` is."""
         parts = dict(self.handed)
-        for changeset in self.changesets[:index + 1]:
-            parts[changeset.domain_id] = changeset
+        if self.domains is None:
+            self.domains = frozenset(c.domain_id for c in self.changesets)
+        missing = set(self.domains)
+        for i in range(index, -1, -1):
+            changeset = self.changesets[i]
+            if changeset.domain_id in missing:
+                missing.discard(changeset.domain_id)
+                parts[changeset.domain_id] = changeset
+                if not missing:
+                    break
         last = index == len(self.changesets) - 1
         return CommitPoint(self.last if last else self.before, parts)
 
