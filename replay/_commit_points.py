@@ -87,6 +87,20 @@ class _Run:
         hidden = self.hidden or ()
         return [i for i in range(self.start, len(self.changesets)) if i not in hidden]
 
+    def count(self, end: int) -> int:
+        """Points kept before index ``end``."""
+        hidden = self.hidden
+        gone = sum(1 for i in hidden if self.start <= i < end) if hidden else 0
+        return max(0, end - self.start) - gone
+
+    def last_kept(self) -> int | None:
+        """The index of the last point kept (None: none is)."""
+        hidden = self.hidden or ()
+        for i in range(len(self.changesets) - 1, self.start - 1, -1):
+            if i not in hidden:
+                return i
+        return None
+
     def index(self, changeset: Changeset) -> int | None:
         for i in range(self.start, len(self.changesets)):
             if self.changesets[i] is changeset:
@@ -110,17 +124,24 @@ class CommitPoints:
             return
         self._runs.append(_Run(list(changesets), before, last, handed))
         self._count += len(changesets)
-        while self._count > MAX_POINTS:
+        if self._count > MAX_POINTS:
             self._pop_first()
 
     def _pop_first(self) -> None:
-        """Forget the oldest point kept."""
-        run = self._runs[0]
-        index = run.kept()[0]
-        run.start = index + 1
-        self._count -= 1
-        if not run.kept():
-            self._runs.popleft()
+        """Forget the oldest points kept, down to ``MAX_POINTS``."""
+        while self._count > MAX_POINTS:
+            run = self._runs[0]
+            kept = run.count(len(run.changesets))
+            excess = self._count - MAX_POINTS
+            if kept <= excess:
+                self._runs.popleft()
+                self._count -= kept
+                continue
+            end = run.start + excess  # past at least ``excess`` points kept
+            while run.count(end) < excess:
+                end += 1
+            self._count -= run.count(end)
+            run.start = end
 
     def __len__(self) -> int:
         return self._count
@@ -142,15 +163,13 @@ class CommitPoints:
         point = None
         while self._runs:
             run = self._runs[0]
-            kept = run.kept()
-            found = next((i for i in kept if run.changesets[i] is through), None)
-            if found is not None:
-                kept = kept[:kept.index(found) + 1]
-            if kept:
-                point = run.point(kept[-1])
-                self._count -= len(kept)
-                run.start = kept[-1] + 1
-            if not run.kept():
+            found = None if through is None else run.index(through)
+            stop = found if found is not None else run.last_kept()
+            if stop is not None:
+                point = run.point(stop)
+                self._count -= run.count(stop + 1)
+                run.start = stop + 1
+            if run.last_kept() is None:
                 self._runs.popleft()
             if found is not None:
                 break
