@@ -462,9 +462,9 @@ class Agent(_Capture):
             self._set_unscoped = writer  # type: ignore[method-assign]
         # And every ``set`` is one C call (sequencer._native.CellWriter: ``set`` below,
         # step for step; keyword calls and a subclass's own ``set`` keep Python's).
-        if type(self).set is Agent.set:
+        if type(self).set is _PYTHON_SET:
             fast_set = cell_writer(sequencer=self._sequencer, agent=self,
-                                   current=self._current, reference=Agent.set.__get__(self),
+                                   current=self._current, reference=_PYTHON_SET.__get__(self),
                                    segment_events=SEGMENT_EVENTS)
             if fast_set is not None:
                 self.set = fast_set  # type: ignore[method-assign]
@@ -611,3 +611,8 @@ class Agent(_Capture):
             progress = counted
         return take_baseline(self, self.store, chunk_rows=chunk_rows, progress=progress,
                              flush_timeout=flush_timeout, journal=journal)
+
+
+# Agent.set as defined above: a subclass's own set, or Agent.set replaced afterwards (a
+# test's spy), is not it, and keeps every call in Python.
+_PYTHON_SET: Final = Agent.set

@@ -350,7 +350,8 @@ def journal_recorded(agent: _Capture, journal: BaselineJournal) -> BaselineRepor
     if previous is not None and previous["state"] == "closed" and agent._log_incomplete:
         log.warning("cdc.baseline_journal_not_adopted", reason=agent._log_incomplete,
                     consequence="a new baseline is taken")
-    elif previous is not None and previous["state"] == "closed":
+        return None  # (note_previous would blame a close that was clean)
+    if previous is not None and previous["state"] == "closed":
         report = finished_report(previous)
         journal.adopted(previous, agent.domain_id)
         agent._baseline_journal = journal  # its clean close() marks the journal closed

@@ -115,8 +115,7 @@ class BaselineJournal:
             assert etag is not None
             # Only over the entry just read: another agent's baseline that started
             # meanwhile ("running") must not be overwritten by "closed".
-            body = {"version": JOURNAL_VERSION, **entry, "state": "closed"}
-            self.store.put_if_match(self.key, json.dumps(body, sort_keys=True).encode(), etag)
+            self._put({**entry, "state": "closed"}, etag=etag)
         except PreconditionFailed:
             log.warning("cdc.baseline_journal_not_closed", journal=self.key,
                         error="another agent wrote the journal meanwhile",
@@ -125,9 +124,13 @@ class BaselineJournal:
             log.warning("cdc.baseline_journal_not_closed", journal=self.key, error=str(exc),
                         consequence="the next start takes a new baseline")
 
-    def _put(self, entry: dict[str, Any]) -> None:
-        body = {"version": JOURNAL_VERSION, **entry}
-        self.store.put(self.key, json.dumps(body, sort_keys=True).encode())
+    def _put(self, entry: dict[str, Any], *, etag: str | None = None) -> None:
+        """Write ``entry`` (over the version ``etag`` names only, if given)."""
+        body = json.dumps({"version": JOURNAL_VERSION, **entry}, sort_keys=True).encode()
+        if etag is None:
+            self.store.put(self.key, body)
+        else:
+            self.store.put_if_match(self.key, body, etag)
 
 
 def finished_report(entry: dict[str, Any]) -> BaselineReport:

@@ -81,11 +81,13 @@ def _say(text: str) -> None:
 def _session(args: argparse.Namespace) -> tuple[Any, bool]:
     """The SparkSession, and whether we started it (a running one is reused, not stopped)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
+    try:  # the thread's active session, else the process's default one
+        return SparkSession.active(), False
+    except PySparkRuntimeError:
+        pass
     builder = (SparkSession.builder.master(args.master).appName("cdc-agent spark")
                .config("spark.ui.showConsoleProgress", "false"))
     for item in args.conf:
@@ -155,12 +157,10 @@ def _stream(spark: Any, args: argparse.Namespace) -> int:
     query = stream_changesets(
         spark, args.uri, args.out, checkpoint=args.checkpoint, format=args.format,
         style=args.style, prefix=args.prefix, endpoint_url=args.endpoint_url,
-        encoding=args.encoding, interval=args.interval, on_batch=wrote, progress=_say)
+        encoding=args.encoding, interval=args.interval, on_batch=wrote, progress=_say,
+        once=args.once)
     try:
-        if args.once:
-            query.processAllAvailable()
-        else:
-            query.awaitTermination()
+        query.awaitTermination()  # with --once, the query ends by itself
     except KeyboardInterrupt:
         _say("interrupted: stopping (start again with the same --checkpoint to go on)")
     except StreamingQueryException as exc:

@@ -72,9 +72,12 @@ def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | 
 
 def event_list() -> Callable[[], list[Any]]:
     """What makes a batch's list of events: ``sequencer._native.event_list`` (a list the
-    collector does not track: events cannot lead back to it), or ``list``."""
-    native = sequencer.NATIVE
-    return list if native is None else native.event_list
+    collector does not track: events cannot lead back to it), or ``list``. Chosen once,
+    at import (the process's ``CDC_AGENT_NATIVE``)."""
+    if native_in_use():
+        assert sequencer.NATIVE is not None
+        return sequencer.NATIVE.event_list  # type: ignore[no-any-return]
+    return list
 
 
 def cell_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:

@@ -246,13 +246,16 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                       prefix: str = "", endpoint_url: str | None = None,
                       encoding: str = "native", interval: str = "10 seconds",
                       on_batch: Callable[[int, int], None] | None = None,
-                      progress: Callable[[str], None] | None = None) -> StreamingQuery:
+                      progress: Callable[[str], None] | None = None,
+                      once: bool = False) -> StreamingQuery:
     """Start a query that keeps the changeset table at ``path`` up to date with the log.
 
     Each micro-batch ends at a frontier of quiescence points (offsets checkpointed in
     ``checkpoint``) and appends the verified changesets up to it (``write_changesets``).
     ``on_batch(batch_id, rows)`` is called after each micro-batch is written;
     ``progress(text)`` hears where each micro-batch starts (resumed or from scratch).
+    ``once``: apply what the log holds when the query starts, then stop (Spark's
+    ``availableNow`` trigger: the query ends even while writers go on writing).
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
@@ -309,7 +312,8 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
                           encoding=encoding)
             .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
-            .trigger(processingTime=interval).start())
+            .trigger(**({"availableNow": True} if once else {"processingTime": interval}))
+            .start())
 
 
 # -- resuming a micro-batch where the previous one saved ----------------------------------

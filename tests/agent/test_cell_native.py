@@ -193,3 +193,23 @@ def test_the_c_set_leaks_nothing() -> None:
     finally:
         agent.close()
     assert grown < 64 * 1024, f"{grown} bytes more after 20,000 writes"
+
+
+def test_agent_set_replaced_after_import_hears_every_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spy put on ``Agent.set`` (as tests and tracing do) sees every write: an agent
+    made afterwards keeps ``set`` in Python rather than a C writer that bypasses it."""
+    heard: list[tuple[Any, ...]] = []
+    python_set = Agent.set
+
+    def spy(self: Agent, *args: Any) -> Any:
+        heard.append(args)
+        return python_set(self, *args)
+
+    monkeypatch.setattr(Agent, "set", spy)
+    agent = Agent(MemoryStore(), MemorySink())
+    agent.set("t", 1, "c", 1)
+    with agent.batch():
+        agent.set("t", 2, "c", 2)
+    agent.close()
+    assert heard == [("t", 1, "c", 1), ("t", 2, "c", 2)]

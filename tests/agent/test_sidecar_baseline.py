@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from agent import MemoryStore
 from agent.sidecar import Sidecar, SidecarClient
@@ -315,9 +316,14 @@ def test_a_write_the_log_may_lack_keeps_a_closed_journal_from_being_adopted(lost
                     closed = dying.call({"op": "close", "id": 10, "batch": batch})
                     assert "error" not in closed, closed  # nothing left open
                 dying.close()
-            with SidecarClient(str(sock), store) as client:
+            with structlog.testing.capture_logs() as logs, \
+                    SidecarClient(str(sock), store) as client:
                 report = client.snapshot(chunk_rows=16, journal=journal)
             assert report["recorded"] is False, (run, report)  # run 1: not adopted
+            said = [e["event"] for e in logs]
+            if run == 1:  # says why, without blaming the last run's clean close
+                assert "cdc.baseline_journal_not_adopted" in said, said
+                assert "cdc.baseline_retaken" not in said, said
             sidecar.stop()
             thread.join(30)
             state = BaselineJournal.at(journal).read()["state"]  # type: ignore[index]

@@ -6,6 +6,7 @@ choice of implementation (``CDC_AGENT_NATIVE``)."""
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from typing import Any
 
 import pytest
@@ -333,3 +334,30 @@ def test_native_segment_digests_refuse_inconsistent_buffers() -> None:
     with pytest.raises(ValueError, match="bounds must increase"):
         digests(np.array([0, 0, 1], np.int64), np.array([5, 5], np.uint64),
                 np.array([5, 5], np.uint64), seqs, (ok,) * 5)
+
+
+def test_switched_off_at_start_a_process_uses_no_c_at_all() -> None:
+    """``CDC_AGENT_NATIVE=0`` in the environment of a new process: every helper the
+    agent picks at import or per agent is the Python one (a batch's event list too)."""
+    import os
+    import subprocess
+    import sys
+
+    native()
+    code = textwrap.dedent("""
+        import agent._agent as module
+        from agent import Agent, MemoryStore
+        from agent import _native as choice
+        from sinks import MemorySink
+        agent = Agent(MemoryStore(), MemorySink())
+        with agent.batch():
+            agent.set("t", 1, "c", 1)
+        agent.close()
+        print(module._new_events is list, choice.shipper_helpers()[1] is None,
+              choice.event_encoder() is None, choice.table_runs_helper() is None,
+              type(agent._sequencer).__module__)
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, choice.ENV_VAR: "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"] * 4 + ["sequencer._epochs"], done.stdout

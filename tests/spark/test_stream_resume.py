@@ -150,3 +150,40 @@ def test_a_saved_point_the_log_was_collected_past_replays_from_the_checkpoint(
     for domain_id in {d for d, _ in states}:
         final.update(states[(domain_id, max(e for d, e in states if d == domain_id))])
     assert final == {**first.final, **second.final}
+
+
+def test_once_stops_while_writers_go_on_writing(spark: Any, tmp_path: Path) -> None:
+    """`cdc-agent spark stream --once` applies what the log holds when it starts and
+    stops, even while agents keep appending (a cron job must end)."""
+    import threading
+
+    from agent.cli import main
+
+    path = tmp_path / "log"
+    first = write_log(path, domains=1, threads=2, batches=6, rows=10, seed=31)
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        n = 0
+        while not stop.wait(0.5):  # a few records a second: the log never stops growing
+            write_log(path, domains=1, threads=1, batches=2, rows=3, seed=40 + n,
+                      uri=first.uri, table_prefix=f"w{n}_")
+            n += 1
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    codes: list[int] = []
+    try:
+        job = threading.Thread(target=lambda: codes.append(main([
+            "spark", "stream", first.uri, "--out", str(tmp_path / "changes"),
+            "--checkpoint", str(tmp_path / "checkpoint"), "--format", "parquet", "--once",
+            "--interval", "0 seconds"])))
+        job.start()
+        job.join(120)
+        assert not job.is_alive(), "--once kept running while the log grew"
+    finally:
+        stop.set()
+        writer.join()
+    assert codes == [0]
+    rows = spark.read.parquet(str(tmp_path / "changes")).collect()
+    assert {r["table"] for r in rows} >= set(first.tables[next(iter(first.tables))])
