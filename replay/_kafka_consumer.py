@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -39,6 +38,8 @@ __all__ = ["KafkaConsistentConsumer", "aconsume_consistent", "consume_consistent
 log = structlog.get_logger()
 # librdkafka error codes meaning "the group coordinator is moving or loading": retry.
 _COORDINATOR_ERRORS = frozenset({14, 15, 16})  # LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
+# Messages asked of librdkafka at a time (a poll may take several chunks): see _read.
+_CONSUME_CHUNK = 1000
 
 
 class KafkaConsistentConsumer:
@@ -189,31 +190,8 @@ class KafkaConsistentConsumer:
             raise self._failure  # the log broke there: nothing after it can be verified
         if self._fatal is not None:
             raise KafkaSinkError(f"the Kafka consumer hit a fatal error: {self._fatal}")
-        with kafka_errors("consumer", f"reading {self.topic!r}", KafkaUnavailable,
-                          "nothing was handed out; poll again"):
-            messages = self._consumer.consume(max_messages, timeout)
         out: list[Changeset] = []
-        magic = EVENT_MAGIC if self.log.encoding == "native" else None
-        failure: InconsistentLog | KafkaSinkError | None = None
-        # The poll's messages in order, fed at once (markers handled as columns); an
-        # event message without its key and headers (not needed).
-        entries: list[Entry] = []
-        for message in messages:
-            err = message.error()
-            if err is not None:
-                if err.code() == self._ck.KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():  # after the messages before it
-                    failure = KafkaSinkError(f"reading {self.topic!r} failed: {err.str()}")
-                    break
-                log.warning("kafka_consume_error", error=err.str())
-                continue
-            value = message.value()
-            if magic is not None and value is not None and value[:3] == magic:
-                entries.append((message.partition(), message.offset(), None, value, None))
-            else:
-                entries.append((message.partition(), message.offset(), message.key(), value,
-                                message.headers()))
+        entries, failure = self._read(timeout, max_messages)
         try:
             out.extend(self.log.feed_poll(entries))
         except InconsistentLog as exc:
@@ -234,6 +212,55 @@ class KafkaConsistentConsumer:
         if self._hide is not None and out:
             out = self._drop_hidden(out)
         return out
+
+    def _read(self, timeout: float, max_messages: int
+              ) -> tuple[list[Entry], InconsistentLog | KafkaSinkError | None]:
+        """Up to ``max_messages`` messages as ``KafkaLog.feed_poll`` takes them (an event
+        message without its key and headers, which it does not need), and a fatal error
+        met after them.
+
+        librdkafka is asked for at most ``_CONSUME_CHUNK`` at a time (waiting up to
+        ``timeout`` for the first ones only), each chunk's messages turned into plain
+        tuples and dropped before the next: the entries hold only bytes, ints and
+        tuples of them, which the garbage collector stops tracking, while ten thousand
+        librdkafka messages alive at once were promoted to its oldest generation and
+        woke a full pass over the process about once a poll."""
+        with kafka_errors("consumer", f"reading {self.topic!r}", KafkaUnavailable,
+                          "nothing was handed out; poll again"):
+            messages = self._consumer.consume(min(max_messages, _CONSUME_CHUNK), timeout)
+        magic = EVENT_MAGIC if self.log.encoding == "native" else None
+        entries: list[Entry] = []
+        taken = 0
+        while True:
+            taken += len(messages)
+            for message in messages:
+                err = message.error()
+                if err is not None:
+                    if err.code() == self._ck.KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():  # after the messages before it
+                        return entries, KafkaSinkError(
+                            f"reading {self.topic!r} failed: {err.str()}")
+                    log.warning("kafka_consume_error", error=err.str())
+                    continue
+                value = message.value()
+                if magic is not None and value is not None and value[:3] == magic:
+                    entries.append((message.partition(), message.offset(), None, value, None))
+                else:
+                    headers = message.headers()
+                    entries.append((message.partition(), message.offset(), message.key(),
+                                    value, None if headers is None else tuple(headers)))
+            wanted = min(max_messages - taken, _CONSUME_CHUNK)
+            if len(messages) < _CONSUME_CHUNK or wanted <= 0:
+                return entries, None
+            messages = message = None  # freed before librdkafka makes the next chunk
+            try:
+                with kafka_errors("consumer", f"reading {self.topic!r}"):
+                    messages = self._consumer.consume(wanted, 0)
+            except KafkaSinkError as exc:
+                # What was read is fed; the next poll meets the error again.
+                log.warning("kafka_consume_error", error=str(exc))
+                return entries, None
 
     def _bound_skew(self) -> None:
         """Pause the partitions that run ahead while too much waits for the others
@@ -276,10 +303,7 @@ class KafkaConsistentConsumer:
             if applied is not None and changeset.epoch_seq <= applied.epoch_seq:
                 hidden.append(changeset)
         if hidden:
-            points = self.log.commit_points
-            gone = {id(c) for c in hidden}
-            self.log.commit_points = deque((p for p in points if id(p[0]) not in gone),
-                                           maxlen=points.maxlen)
+            self.log.commit_points.drop(hidden)
         return [c for c in changesets if all(c is not h for h in hidden)]
 
     def commit(self, through: Changeset | None = None) -> bool:
@@ -294,13 +318,9 @@ class KafkaConsistentConsumer:
         """
         # Step 1.
         points = self.log.commit_points
-        if through is not None and all(changeset is not through for changeset, _ in points):
+        if through is not None and not points.knows(through):
             return False  # unknown, or older than the points kept: committing could skip
-        point = None
-        while points:
-            changeset, point = points.popleft()
-            if changeset is through:
-                break
+        point = points.pop_through(through)
         if point is None or not point.offsets:
             return True
         ck = self._ck

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from replay._assembler import Assembler, Changeset
+from replay._commit_points import CommitPoint, CommitPoints
 from replay._errors import InconsistentLog
 from replay._kafka_poll import Entry, apply_plan, plan_poll
 from replay._kafka_shares import check_shares
@@ -67,7 +68,6 @@ _HEADERS: Final = (HEADER_PARTITION, HEADER_WHOLE)
 
 _RING: Final = 1 << 64
 _HALF_RING: Final = 1 << 63
-_MAX_POINTS: Final = 100_000
 _SMALL_SHARE: Final = 512  # a partition's share of an epoch up to this many events: no Arrow
 _EMPTY_SETSUMS: Final = ("", "0" * 64)  # an empty share's setsum (not computed / zero)
 _MAX_WHOLES: Final = 4096  # decoded whole-epoch headers kept (each partition repeats one)
@@ -121,10 +121,12 @@ class _PendingBatches:
         self.events -= len(out)
         return out
 
-    def take_runs(self, ends: list[int]) -> list[list[bytes]]:
+    def take_runs(self, ends: list[int]) -> dict[int, list[bytes]]:
         """``take_before`` for consecutive epochs at once: ``ends`` are their end ids
-        relative to the ring base (increasing); returns each epoch's event messages."""
-        out: list[list[bytes]] = [[] for _ in ends]
+        relative to the ring base (increasing); returns the event messages of each epoch
+        that has any, by its index in ``ends`` (no list for an empty share: with small
+        write batches most are, and every object made here lives through the poll)."""
+        out: dict[int, list[bytes]] = {}
         heap, batches, base = self._heap, self._batches, self._base
         if not heap:
             return out
@@ -133,35 +135,17 @@ class _PendingBatches:
         while heap and heap[0] < limit:
             rel = heapq.heappop(heap)
             values = batches.pop((rel + base) % _RING).values()
-            out[bisect.bisect_right(ends, rel)].extend(values)
+            at = bisect.bisect_right(ends, rel)
+            if at in out:
+                out[at].extend(values)
+            else:
+                out[at] = list(values)
             taken += len(values)
         self.events -= taken
         return out
 
     def __len__(self) -> int:
         return len(self._batches)
-
-
-class CommitPoint:
-    """Where a consumer restarts once a changeset is applied: ``offsets`` (per partition,
-    the first message not yet part of a changeset handed out) and ``token`` (the
-    position to resume with, formatted when first asked)."""
-
-    __slots__ = ("_parts", "_token", "offsets")
-
-    def __init__(self, offsets: dict[int, int], parts: dict[int, Changeset | Position]
-                 ) -> None:
-        self.offsets = offsets
-        self._parts = parts
-        self._token: str | None = None
-
-    @property
-    def token(self) -> str:
-        if self._token is None:
-            positions = (p if isinstance(p, Position) else p.position
-                         for p in self._parts.values())
-            self._token = str(Frontier.of(positions))
-        return self._token
 
 
 @dataclass
@@ -175,19 +159,42 @@ class _Lane:
 
 class _Epoch:
     """One epoch of one domain, as the partitions vouch for it (a plain slotted class:
-    one is made per epoch, a dataclass's default factories cost more than the rest)."""
+    one is made per epoch, a dataclass's default factories cost more than the rest).
+
+    It holds no container until it needs one (the usual epoch of a small write batch
+    needs none): every object that outlives a few polls while partitions are skewed is
+    one the garbage collector's full passes walk, and those passes, not the Python
+    work, were most of the consumer's time with write batches of 1."""
 
     __slots__ = ("batches", "counted", "events", "raw_whole", "shares", "vouched", "whole")
 
     def __init__(self, whole: EpochRecord, raw_whole: bytes = b"") -> None:
         self.whole = whole
         self.raw_whole = raw_whole  # its header's bytes (the key of KafkaLog._wholes)
-        self.batches: list[EventBatch] = []  # large partition shares (streaming)
-        self.events: list[RawEvent] = []  # small ones, (batch, seq) order (streaming)
-        self.vouched: set[int] = set()  # partitions whose marker verified it
+        self.batches: Sequence[EventBatch] = ()  # large partition shares (streaming)
+        self.events: Sequence[RawEvent] = ()  # small ones, (batch, seq) order (streaming)
+        self.vouched = 0  # bit p set: partition p's marker verified it
         self.counted = 0
         # bulk: shares whose per-table counts and setsum are checked at drain, all at once
-        self.shares: list[tuple[int, EpochRecord, list[bytes]]] = []
+        self.shares: Sequence[tuple[int, EpochRecord, list[bytes]]] = ()
+
+    def vouch(self, partition: int) -> int:
+        """Note ``partition``'s marker; return how many partitions vouched so far."""
+        self.vouched |= 1 << partition
+        return self.vouched.bit_count()
+
+    def vouched_by(self, partition: int) -> bool:
+        return bool(self.vouched >> partition & 1)
+
+    def add_share(self, share: tuple[int, EpochRecord, list[bytes]]) -> None:
+        self.shares = [*self.shares, share]
+
+    def add_checked(self, checked: EventBatch | list[RawEvent]) -> None:
+        """A partition's share verified at its marker (streaming)."""
+        if isinstance(checked, EventBatch):
+            self.batches = [*self.batches, checked]
+        elif checked:
+            self.events = [*self.events, *checked]
 
 
 class KafkaLog:
@@ -243,7 +250,7 @@ class KafkaLog:
         # (changeset, where to restart once it is applied), in the order handed out;
         # a consumer pops them as the application takes the changesets. Bounded: a
         # consumer that never commits keeps only the latest.
-        self.commit_points: deque[tuple[Changeset, CommitPoint]] = deque(maxlen=_MAX_POINTS)
+        self.commit_points = CommitPoints()
         for position in self.assembler.position:
             self._fed[position.domain_id] = position.epoch_seq
             self._applied_end[position.domain_id] = position.end_id
@@ -305,13 +312,35 @@ class KafkaLog:
         order read (an event message with ``headers`` None): as ``feed`` on each in
         turn, but with ``bulk`` the usual poll is planned as a whole, its markers
         handled as columns (``replay._kafka_poll``); anything irregular goes message
-        by message, which names the fault where it is."""
+        by message, which names the fault where it is. A poll holding a partition's
+        first marker (where its epoch sequence is worked out) goes message by message up
+        to that marker, and the rest is planned."""
         if self._failure is not None:
             raise self._failure
         plan = plan_poll(self, entries)
         if plan is not None:
             apply_plan(self, plan)
             return []
+        firsts = _first_markers(self, entries) if self._defer else []
+        if not firsts:
+            return self._feed_each(entries)
+        # Each such marker alone, message by message; what lies between them, planned.
+        out: list[Changeset] = []
+        start = 0
+        for first in [*firsts, len(entries)]:
+            if start < first:
+                between = entries[start:first]
+                plan = plan_poll(self, between)
+                if plan is None:
+                    out += self._feed_each(between)
+                else:
+                    apply_plan(self, plan)
+            out += self._feed_each(entries[first:first + 1])
+            start = first + 1
+        return out
+
+    def _feed_each(self, entries: Sequence[Entry]) -> list[Changeset]:
+        """``feed`` each of ``entries`` in turn."""
         out: list[Changeset] = []
         feed, feed_event = self.feed, self.feed_event
         for partition, offset, key, value, headers in entries:
@@ -421,19 +450,15 @@ class KafkaLog:
         elif epoch.raw_whole != raw_whole and epoch.whole != whole:  # bytes first: cheap
             raise InconsistentLog(f"partitions disagree on the record of epoch {seq}: "
                                   f"{epoch.whole} and {whole}", domain_id=domain, epoch_seq=seq)
-        if isinstance(checked, EventBatch):
-            epoch.batches.append(checked)
-        elif checked:
-            epoch.events += checked
+        epoch.add_checked(checked)
         if share:
             assert part is not None
-            epoch.shares.append((partition, part, share))
+            epoch.add_share((partition, part, share))
         if part is not None:
             epoch.counted += part.event_count
             self._held += part.event_count
-        epoch.vouched.add(partition)
         self._open[partition].append((offset, domain, seq, True))
-        if len(epoch.vouched) < self.partitions:
+        if epoch.vouch(partition) < self.partitions:
             return []  # feeding can only move on when an epoch completes
         return self._feed_complete(domain)
 
@@ -463,7 +488,7 @@ class KafkaLog:
             seq = self._fed.get(domain)
             key = (domain, seq + 1) if seq is not None else self._first.get(domain)
             epoch = self._epochs.get(key) if key is not None else None
-            if epoch is None or len(epoch.vouched) < self.partitions:
+            if epoch is None or epoch.vouched.bit_count() < self.partitions:
                 return out
             del self._epochs[key]  # type: ignore[arg-type]
             self._held -= epoch.counted
@@ -549,18 +574,19 @@ class KafkaLog:
         The last of a run gets its exact restart offsets; the others share those of
         the changeset before the run (earlier offsets: a restart from them re-reads a
         little and drops what its position token says was applied, it skips nothing),
-        so the offsets are worked out once per run, not once per changeset."""
+        so the offsets are worked out once per run, not once per changeset, and the run
+        is kept as one entry (``replay._commit_points``)."""
         if not changesets:
             return
         before = self.commit_offsets() if len(changesets) > 1 else {}
-        last = changesets[-1]
+        handed = dict(self._handed)
+        applied_seq, applied_end, now = self._applied_seq, self._applied_end, self._handed
         for changeset in changesets:
             domain = changeset.domain_id
-            self._applied_seq[domain] = changeset.epoch_seq
-            self._applied_end[domain] = changeset._end_id()
-            self._handed[domain] = changeset
-            offsets = self.commit_offsets() if changeset is last else before
-            self.commit_points.append((changeset, CommitPoint(offsets, dict(self._handed))))
+            applied_seq[domain] = changeset.epoch_seq
+            applied_end[domain] = changeset._end_id()
+            now[domain] = changeset
+        self.commit_points.add_run(changesets, before, self.commit_offsets(), handed)
 
     # -- restart points ---------------------------------------------------------------------
 
@@ -608,13 +634,30 @@ class KafkaLog:
         for domain, seq in self._fed.items():
             epoch = self._epochs.get((domain, seq + 1))
             if epoch is not None:
-                behind |= set(range(self.partitions)) - epoch.vouched
+                behind.update(p for p in range(self.partitions) if not epoch.vouched_by(p))
         for domain, key in self._first.items():
             if domain not in self._fed and (epoch := self._epochs.get(key)) is not None:
-                behind |= set(range(self.partitions)) - epoch.vouched
+                behind.update(p for p in range(self.partitions) if not epoch.vouched_by(p))
         if not behind:
             return []
         return [p for p in range(self.partitions) if p not in behind]
+
+
+def _first_markers(log: KafkaLog, entries: Sequence[Entry]) -> list[int]:
+    """Where ``entries`` hold the first marker of a partition that has no epoch sequence
+    yet (worked out message by message, at that marker), in order."""
+    lanes = log._lanes
+    waiting = {p for p in range(log.partitions)
+               if not any(lane.next_epoch is not None for lane in lanes[p].values())}
+    out: list[int] = []
+    if waiting:
+        for i, (partition, _offset, _key, _value, headers) in enumerate(entries):
+            if headers is not None and partition in waiting:
+                waiting.discard(partition)
+                out.append(i)
+                if not waiting:
+                    break
+    return out
 
 
 def _marker_headers(headers: Sequence[tuple[str, bytes | None]] | None,

@@ -400,7 +400,7 @@ def _epochs_ok(log: KafkaLog, domain: int, wholes: list[EpochRecord], raw_wholes
         if epoch is not None:
             if epoch.raw_whole != raw:
                 return False
-            vouched += len(epoch.vouched)
+            vouched += epoch.vouched.bit_count()
             total += epoch.counted
         if vouched >= log.partitions and total != record.event_count:
             return False
@@ -425,10 +425,10 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
         lane = lanes[p].get(domain) or log._lane(p, domain)
         lane.pending.add(batch_id, seq, value)
         opened.setdefault(p, []).append((offset, domain, batch_id, False))
-    shares: list[list[bytes]] = [[] for _ in plan.offsets]
+    shares: dict[int, list[bytes]] = {}  # marker -> its share's messages (if any)
     for lp in plan.lanes:
         lane = lanes[lp.partition][domain]
-        for k, values in enumerate(lane.pending.take_runs(lp.ends)):
+        for k, values in lane.pending.take_runs(lp.ends).items():
             shares[lp.markers[k]] = values
         last = plan.wholes[lp.markers[-1]]
         lane.next_epoch = last.epoch_seq + 1
@@ -436,8 +436,8 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
     epochs, get = log._epochs, log._epochs.get
     seqs = [whole.epoch_seq for whole in plan.wholes]
     held = 0
-    for p, whole, raw, part, share, seq in zip(plan.partitions, plan.wholes, plan.raw_wholes,
-                                               plan.parts, shares, seqs, strict=True):
+    for i, (p, whole, raw, part, seq) in enumerate(zip(
+            plan.partitions, plan.wholes, plan.raw_wholes, plan.parts, seqs, strict=True)):
         key = (domain, seq)
         epoch = get(key)
         if epoch is None:
@@ -445,11 +445,11 @@ def apply_plan(log: KafkaLog, plan: PollPlan) -> None:
             if whole.begin_id == 0:
                 log._first.setdefault(domain, key)
         if part is not None:
-            if share:
-                epoch.shares.append((p, part, share))
+            if i in shares:
+                epoch.add_share((p, part, shares[i]))
             epoch.counted += part.event_count
             held += part.event_count
-        epoch.vouched.add(p)
+        epoch.vouched |= 1 << p
     log._held += held
     for p in dict.fromkeys(plan.partitions):
         opened.setdefault(p, []).extend([

@@ -263,3 +263,60 @@ def test_a_bound_on_waiting_events_pauses_too(run: Run) -> None:
     # against everything of partition 0 waiting without it.
     assert most <= 2 * 30 < sum(m.headers_ is None for m in messages if m.partition_ == 0)
     assert len(got) == len(run.at_quiescence)
+
+
+class _Chunks(_FakeConsumer):
+    """Records what each consume call asked for; fails once when told to."""
+
+    def __init__(self, messages: list[_Message]) -> None:
+        super().__init__(messages)
+        self.calls: list[tuple[int, float, int]] = []  # (limit, timeout, handed over)
+        self.fail_at: int | None = None  # the call that raises
+
+    def consume(self, limit: int, timeout: float) -> list[_Message]:
+        if self.fail_at == len(self.calls):
+            import confluent_kafka
+
+            self.calls.append((limit, timeout, 0))
+            raise confluent_kafka.KafkaException("broker transport failure")
+        taken = super().consume(limit, timeout)
+        self.calls.append((limit, timeout, len(taken)))
+        return taken
+
+
+def _changes(changesets: list[Any]) -> list[Any]:
+    return [(c.epoch_seq, c._changes) for c in changesets]
+
+
+def test_a_poll_reads_librdkafka_in_chunks_up_to_its_limit(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll asks librdkafka for chunks (waiting only for the first), up to its
+    ``max_messages``, and hands out what one read of them all would; a chunk that fails
+    after others keeps what was read (the next poll meets the error again)."""
+    topic = simulate_topic(run.items, 2, "native")
+    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
+                for i, (k, v, h) in enumerate(msgs)]
+    messages.sort(key=lambda m: (m.offset_ * 2 + m.partition_))
+    whole = _consumer(list(messages), 2)
+    want = whole.poll(0, max_messages=len(messages))
+    monkeypatch.setattr(_kafka_consumer, "_CONSUME_CHUNK", 7)
+    consumer = _consumer([], 2)
+    fake = consumer._consumer = _Chunks(list(messages))  # type: ignore[assignment]
+    got = []
+    for i in range(len(messages)):
+        fake.calls.clear()
+        got += consumer.poll(0.25, max_messages=50)
+        assert sum(n for _l, _t, n in fake.calls) == min(50, len(messages) - 50 * i)
+        assert [(limit, timeout) for limit, timeout, _n in fake.calls][:1] == [(7, 0.25)]
+        assert all(limit <= 7 and timeout == 0 for limit, timeout, _n in fake.calls[1:])
+        if not fake.messages:
+            break
+    assert _changes(got) == _changes(want)
+    # A later chunk fails: the chunks before it are fed, nothing is raised or lost.
+    consumer = _consumer([], 2)
+    fake = consumer._consumer = _Chunks(list(messages))  # type: ignore[assignment]
+    fake.fail_at = 3
+    got = consumer.poll(0, max_messages=len(messages))
+    assert sum(n for _l, _t, n in fake.calls) == 21
+    got += consumer.poll(0, max_messages=len(messages))
+    assert _changes(got) == _changes(want)

@@ -233,3 +233,47 @@ def test_tables_parsed_for_one_number_of_tables_are_not_taken_for_another() -> N
     forged, raw = _two_table_counts()
     assert decode_epoch_messages([forged]) is None
     assert decode_epoch_messages([raw]) == [decode(raw)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)), max_size=40),
+       cuts=st.lists(st.integers(1, 45), min_size=1, max_size=6, unique=True),
+       start=st.sampled_from([0, 2**64 - 20]))
+def test_events_taken_for_many_epochs_at_once_as_one_by_one(
+        batches: list[tuple[int, int]], cuts: list[int], start: int) -> None:
+    """``take_runs`` (the planned path: a lane's epochs of one poll at once, several
+    write batches in an epoch, ids wrapping the ring) takes what ``take_before`` does
+    epoch by epoch, and leaves the same events waiting."""
+    from replay._kafka_log import _PendingBatches
+
+    ring = 1 << 64
+    one, many = _PendingBatches(), _PendingBatches()
+    for batch, seq in batches:
+        for pending in (one, many):
+            pending.add((start + batch) % ring, seq, f"{batch}/{seq}".encode())
+    ends = [(start + cut) % ring for cut in sorted(cuts)]
+    expected = [sorted(one.take_before(end)) for end in ends]
+    assert many._base is not None or not batches
+    base = many._base if many._base is not None else 0
+    taken = many.take_runs([(end - base) % ring for end in ends])
+    assert [sorted(taken.get(k, [])) for k in range(len(ends))] == expected
+    assert all(taken.values())  # no list for an epoch without events
+    assert many.events == one.events
+    assert many._batches == one._batches
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_poll_holding_first_markers_plans_what_lies_between(partitions: int) -> None:
+    """The first poll of a topic holds every partition's first marker (message by
+    message: the epoch sequence is worked out there): the messages between them are
+    planned, and the poll hands out what one fed message by message does."""
+    topic = simulate_topic(_items(1), partitions, "native")
+    messages = _interleaved(topic, random.Random(5))
+    planned = _PlansApplied()
+    with mock.patch.object(kafka_log, "apply_plan", planned):
+        fast = _consumer(list(messages), partitions).poll(0, max_messages=len(messages))
+    with mock.patch.object(kafka_log, "plan_poll", lambda *_: None):
+        slow = _consumer(list(messages), partitions).poll(0, max_messages=len(messages))
+    assert [(c.epoch_seq, c._changes) for c in fast] == [
+        (c.epoch_seq, c._changes) for c in slow]
+    assert len(fast) > 100 and planned.count >= 1
