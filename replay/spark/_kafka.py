@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,6 +41,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replay._errors import InconsistentLog
+from replay._position import Position
 from replay.spark._baselines import ChunkHeader, chunk_header
 from replay.spark._decode import EVENT_ROWS, KIND_EVENT, KIND_SEGMENT, EpochIndex, _chunk_cells
 from sequencer import EpochRecord
@@ -68,6 +69,7 @@ __all__ = [
     "KafkaTopic",
     "MarkerOffsets",
     "SHARES",
+    "TopicTrimmed",
     "kafka_metadata",
     "decode_chunk",
     "foreign_message",
@@ -160,6 +162,11 @@ class KafkaTopic:
             F.coalesce(snap, F.col("value")).alias("snapshot"))
 
 
+class TopicTrimmed(Exception):
+    """The topic no longer holds offsets a stream's saved point starts at (retention or
+    ``deleteRecords`` removed them): that point cannot be resumed from."""
+
+
 def message_kind(value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None,
                  native: bool) -> str:
     """What a message is, decided as ``KafkaTopic.frame`` decides it in SQL (for the
@@ -243,27 +250,40 @@ def topic_consumer(bootstrap: str, topic: str, *, timeout: float = 15.0
 
 
 def open_topic(uri: str, encoding: str = "native", *, timeout: float = 15.0,
-               end: Sequence[int] | None = None) -> KafkaTopic:
+               end: Sequence[int] | None = None, start: Sequence[int] | None = None
+               ) -> KafkaTopic:
     """Resolve ``kafka://host:port[,host:port]/topic``: its partitions and, for each,
     the offsets to read (first held, end now; or ``end``, offsets a stream saw, which
-    the topic must still hold). Refuses an unknown encoding or topic."""
+    the topic must still hold; from ``start``, a stream's saved point, instead of the
+    first held: ``TopicTrimmed`` if the topic no longer holds it). Refuses an unknown
+    encoding or topic."""
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown Kafka encoding {encoding!r}; choose native or debezium")
     bootstrap, topic = parse_topic_uri(uri)
-    with topic_consumer(bootstrap, topic, timeout=timeout) as (_ck, _consumer, start, high):
+    with topic_consumer(bootstrap, topic, timeout=timeout) as (_ck, _consumer, held, high):
         pass
     if end is not None:
         if len(end) != len(high):
             raise ValueError(f"topic {topic!r} has {len(high)} partitions, the stream read "
                              f"{len(end)}: a topic's partition count must not change")
-        for p, (first, stop, now) in enumerate(zip(start, end, high, strict=True)):
+        for p, (first, stop, now) in enumerate(zip(held, end, high, strict=True)):
             if not first <= stop <= now:
                 raise InconsistentLog(
                     f"partition {p} of topic {topic!r} no longer holds offsets {first}..{stop} "
                     f"the stream read (it now holds {first}..{now}): retention or a "
                     "recreated topic")
         high = list(end)
-    return KafkaTopic(uri, bootstrap, topic, encoding, tuple(start), tuple(high))
+    if start is not None:
+        if len(start) != len(high):
+            raise TopicTrimmed(f"the saved point has {len(start)} partitions, topic "
+                               f"{topic!r} has {len(high)}")
+        for p, (first, begin, stop) in enumerate(zip(held, start, high, strict=True)):
+            if not first <= begin <= stop:
+                raise TopicTrimmed(
+                    f"partition {p} of topic {topic!r} holds offsets {first}..{stop - 1}, "
+                    f"the saved point starts at offset {begin}")
+        held = list(start)
+    return KafkaTopic(uri, bootstrap, topic, encoding, tuple(held), tuple(high))
 
 
 # -- pass 1: markers and chunk headers to the driver ------------------------------------------
@@ -331,11 +351,17 @@ def _epoch_record(raw: bytes, where: str) -> EpochRecord:
     return record
 
 
-def vouched_epochs(markers: Iterable[tuple[int, int, bytes, bytes]], partitions: int
+def vouched_epochs(markers: Iterable[tuple[int, int, bytes, bytes]], partitions: int,
+                   starts: Mapping[int, Position] | None = None
                    ) -> tuple[list[EpochRecord], MarkerOffsets]:
     """The driver's checks of the markers (in each partition's order), as
     ``KafkaLog`` makes them; returns each domain's epochs that every partition vouched
-    for (whole records, from its first on) and where each partition's marker is."""
+    for (whole records, from its first on) and where each partition's marker is.
+
+    ``starts``: a resumed stream's saved frontier; a domain named there begins after
+    its point (earlier markers are old copies, skipped), and its lanes' marker offsets
+    begin at the epoch after it (``_event_batch``'s ``bases``)."""
+    starts = starts or {}
     nxt: dict[tuple[int, int], int] = {}  # (partition, domain) -> the epoch due next
     offsets: dict[tuple[int, int], list[int]] = {}
     wholes: dict[tuple[int, int], EpochRecord] = {}
@@ -355,6 +381,8 @@ def vouched_epochs(markers: Iterable[tuple[int, int, bytes, bytes]], partitions:
                                   "not match its epoch", domain_id=domain, epoch_seq=seq)
         lane = (partition, domain)
         due = nxt.get(lane)
+        if due is None and domain in starts:
+            due = starts[domain].epoch_seq + 1
         if due is None:
             if whole.begin_id != 0:
                 raise InconsistentLog(
@@ -377,7 +405,9 @@ def vouched_epochs(markers: Iterable[tuple[int, int, bytes, bytes]], partitions:
         vouched[(domain, seq)] = vouched.get((domain, seq), 0) + 1
         counted[(domain, seq)] = counted.get((domain, seq), 0) + part.event_count
     records: list[EpochRecord] = []
-    firsts = sorted({(d, s) for (d, s), w in wholes.items() if w.begin_id == 0})
+    firsts = sorted({(d, s) for (d, s), w in wholes.items()
+                     if w.begin_id == 0 and d not in starts}
+                    | {(d, p.epoch_seq + 1) for d, p in starts.items()})
     for domain, seq in firsts:
         while vouched.get((domain, seq)) == partitions:
             whole = wholes[(domain, seq)]
@@ -414,10 +444,12 @@ def _decode_events(rows: list[dict[str, Any]], encoding: str) -> list[tuple[Any,
     return out
 
 
-def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: MarkerOffsets
-                 ) -> pa.RecordBatch | None:
+def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: MarkerOffsets,
+                 bases: Mapping[int, int] | None = None) -> pa.RecordBatch | None:
     """EVENT_ROWS of decoded events, placed in their epochs; an event after its
-    partition's marker of that epoch is left out (see the module's comment)."""
+    partition's marker of that epoch is left out (see the module's comment). ``bases``:
+    per domain, the epoch before its lanes' first marker (a resumed stream's point)."""
+    bases = bases or {}
     n = len(events)
     partition = np.array([e[0] for e in events], dtype=np.int64)
     offset = np.array([e[1] for e in events], dtype=np.int64)
@@ -430,10 +462,12 @@ def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: Mark
         epoch[mask], q[mask] = index.locate(int(domain_id), batches[mask])
     keep = np.ones(n, dtype=bool)
     for (p, d), marks in markers.items():
-        lane = (partition == p) & (domains == np.uint64(d)) & (epoch > 0)
+        base = bases.get(d, 0)
+        lane = (partition == p) & (domains == np.uint64(d)) & (epoch > base)
         if lane.any():
-            at = np.minimum(epoch[lane], len(marks)) - 1
-            keep[np.flatnonzero(lane)] = (epoch[lane] > len(marks)) | (offset[lane] < marks[at])
+            nth = epoch[lane] - base  # 1 for the lane's first marker
+            at = np.minimum(nth, len(marks)) - 1
+            keep[np.flatnonzero(lane)] = (nth > len(marks)) | (offset[lane] < marks[at])
     if not keep.all():
         events = [e for e, k in zip(events, keep.tolist(), strict=True) if k]
         epoch, q, offset, partition = epoch[keep], q[keep], offset[keep], partition[keep]
@@ -458,14 +492,16 @@ def _event_batch(events: list[tuple[Any, ...]], index: EpochIndex, markers: Mark
     ], schema=KAFKA_ROWS)
 
 
-def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets
+def _event_rows(encoding: str, index: EpochIndex, markers: MarkerOffsets,
+                bases: Mapping[int, int] | None = None
                 ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             rows = batch.to_pylist()
             events = [r for r in rows if r["kind"] == _EVENT]
             if events:
-                found = _event_batch(_decode_events(events, encoding), index, markers)
+                found = _event_batch(_decode_events(events, encoding), index, markers,
+                                     bases)
                 if found is not None:
                     yield found
             for r in rows:
@@ -565,15 +601,17 @@ def _whole_segments(batches: Iterable[pa.RecordBatch], keys: tuple[str, ...],
 
 
 def kafka_rows(spark: SparkSession, topic: KafkaTopic, index: EpochIndex,
-               markers: MarkerOffsets) -> tuple[DataFrame, Callable[[DataFrame], DataFrame]]:
+               markers: MarkerOffsets, bases: Mapping[int, int] | None = None
+               ) -> tuple[DataFrame, Callable[[DataFrame], DataFrame]]:
     """Pass 2: the events and accepted chunks' cells as EVENT_ROWS, and the function
-    that adds their segments (to call once the events are persisted)."""
+    that adds their segments (to call once the events are persisted). ``bases``: see
+    ``vouched_epochs``'s ``starts``."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = from_arrow_schema(EVENT_ROWS)
     frame = topic.frame(spark).filter(F.col("kind").isin(_EVENT, _CHUNK)).select(
         "partition", "offset", "kind", "value", "snapshot")
-    rows = frame.mapInArrow(_event_rows(topic.encoding, index, markers),
+    rows = frame.mapInArrow(_event_rows(topic.encoding, index, markers, bases),
                             from_arrow_schema(KAFKA_ROWS))
 
     def with_segments(events: DataFrame) -> DataFrame:

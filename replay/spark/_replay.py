@@ -32,7 +32,13 @@ from pyspark.sql import functions as F
 
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
-from replay.spark._baselines import COVERS, BaselineTable, build_baselines, covering_chunks
+from replay.spark._baselines import (
+    COVERS,
+    BaselineTable,
+    ChunkHeader,
+    build_baselines,
+    covering_chunks,
+)
 from replay.spark._cells import CELL_ROWS, KIND_CELL, KIND_COUNT, KIND_RESET, walk_cells
 from replay.spark._checkpoint import Compacted, Resumed
 from replay.spark._decode import (
@@ -62,6 +68,7 @@ from replay.spark._kafka import (
     vouched_shares,
 )
 from replay.spark._source import LogSource, list_fragments
+from replay.spark._topic_resume import TopicResumed
 from sequencer import EpochRecord
 from sinks import SETSUM_PRIMES
 from sinks.codec import decode_key
@@ -123,7 +130,8 @@ class LogReplay:
     or ``debezium``; read up to where its partitions ended when it was opened).
 
     ``resume``: start from a point a stream's previous micro-batch saved (its cells and
-    the records from an offset, ``_stream``) instead of the log's start. ``topic_end``:
+    the records from an offset, ``_stream``; a topic's, ``TopicResumed``: the messages
+    from per-partition offsets, ``_topic_resume``) instead of the log's start. ``topic_end``:
     read a topic up to these offsets (per partition, a stream's) instead of its end now.
 
     Reading happens on first use and is cached in the session (``unpersist()`` frees
@@ -144,9 +152,17 @@ class LogReplay:
         # (domain, epoch) -> offset of each quiescence point's record (pass 1; _stream)
         self.quiescent_offsets: dict[tuple[int, int], int] = {}
         self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
+        # a topic's markers and chunk headers as pass 1 found them (_topic_resume)
+        self.topic_metadata: tuple[list[tuple[int, int, bytes, bytes]],
+                                   list[ChunkHeader]] = ([], [])
         self.source: LogSource | KafkaTopic
         if uri.startswith(KAFKA_SCHEME):
-            self.source = open_topic(uri, encoding, end=topic_end)
+            if resume is not None:  # a topic stream's micro-batch, from its saved offsets
+                if not isinstance(resume, TopicResumed):
+                    raise ValueError("a topic resumes from a TopicResumed point only")
+                self._compacted = resume
+            self.source = open_topic(uri, encoding, end=topic_end,
+                                     start=None if resume is None else resume.offsets)
             self._say(f"topic {self.source.topic!r}: {self.source.partitions} partitions, "
                       f"{self.source.messages()} messages to read ({encoding})")
             return
@@ -188,7 +204,10 @@ class LogReplay:
         if isinstance(s, KafkaTopic):
             with executor_errors():
                 markers, chunks = kafka_metadata(self.spark, s)
-            records, self._markers = vouched_epochs(markers, s.partitions)
+            self.topic_metadata = (markers, chunks)
+            records, self._markers = vouched_epochs(
+                markers, s.partitions,
+                None if self._compacted is None else self._compacted.starts())
             self._shares = vouched_shares(markers, records)
         else:
             with executor_errors():
@@ -225,7 +244,10 @@ class LogReplay:
         s = self.source
         index = self.epochs.index(self.baselines.accepted())
         if isinstance(s, KafkaTopic):
-            events, with_segments = kafka_rows(self.spark, s, index, self._markers)
+            c = self._compacted
+            events, with_segments = kafka_rows(
+                self.spark, s, index, self._markers,
+                None if c is None else {d: p.epoch_seq for d, p in c.starts().items()})
             return self._persist(with_segments(self._persist(events)))
         rows = self._fragments.mapInArrow(
             event_rows(s.uri, s.prefix, s.endpoint_url, index), spark_schema(EVENT_ROWS))

@@ -31,9 +31,11 @@ way, but Kafka's offsets are per partition and an epoch spans every partition, s
 source's offsets are again frontiers, of the quiescence points every partition vouched
 for (``replay.spark._kafka_points.TopicScan`` reads the new messages' markers in the
 driver), with the partition ends it had read (``"ends"``). Each micro-batch replays the
-topic from its start up to those ends (``LogReplay(topic_end=...)``) and writes up to
-its settled frontier after what the table holds; a topic is not resumed from a saved
-point (yet).
+topic up to those ends (``LogReplay(topic_end=...)``) and writes up to its settled
+frontier after what the table holds. It resumes too: the saved point's offsets are per
+partition (``replay.spark._topic_resume``), and a point the topic no longer holds
+(retention), of another topic or of another version falls back to a replay from the
+topic's start, which the progress message says.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from replay._position import Frontier, Position
-from replay.spark._kafka import KAFKA_SCHEME
+from replay.spark._kafka import KAFKA_SCHEME, parse_topic_uri
 from replay.spark._kafka_points import TopicScan
 
 if TYPE_CHECKING:
@@ -259,8 +261,10 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     Raises (in the query) ``InconsistentLog`` as the batch replay does; a domain whose
     cell check breaks before its baseline arrived waits for it (``LogReplay.settle``).
     """
+    from replay.spark._kafka import TopicTrimmed
     from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
+    from replay.spark._topic_resume import load_topic_resume, save_topic_resume
     from sinks.wal3 import GarbageCollected
 
     topic = uri.startswith(KAFKA_SCHEME)
@@ -274,11 +278,20 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
         end = Frontier.of([Position.parse(r["_position"]) for r in rows])
         if not len(end.positions):
             return
-        if topic:  # from the topic's start up to the ends the source saw (no resume yet)
-            ends = rows[0]["_ends"]
-            resume, since = None, None
-            replay = LogReplay(spark, uri, encoding=encoding,
-                               topic_end=None if ends is None else json.loads(ends))
+        why = ""
+        resume: Resumed | None
+        if topic:  # up to the ends the source saw, from the saved offsets if they fit
+            ends = None if rows[0]["_ends"] is None else json.loads(rows[0]["_ends"])
+            resume, why = load_topic_resume(spark, saved, applied_frontier(
+                spark, path, format), parse_topic_uri(uri)[1], encoding)
+            # Where the table is (as for a wal3 log below), even if not resumed.
+            since = None if resume is None else Frontier.of(resume.frontier.values())
+            try:
+                replay = LogReplay(spark, uri, encoding=encoding, topic_end=ends,
+                                   resume=resume)
+            except TopicTrimmed as exc:  # retention removed messages the point needs
+                resume, why = None, str(exc)
+                replay = LogReplay(spark, uri, encoding=encoding, topic_end=ends)
         else:
             resume = load_resume(spark, saved, applied_frontier(spark, path, format))
             # Where the table is: the saved frontier counts the intervals that wrote no
@@ -291,17 +304,15 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
                 resume = None  # from the start, which on a collected log is its checkpoint
                 replay = LogReplay(spark, uri, prefix=prefix, endpoint_url=endpoint_url)
         if progress is not None:
-            progress(f"micro-batch {batch_id}: " + (
-                f"the topic from its start up to offsets {rows[0]['_ends']}" if topic else
-                "from the start of the log" if resume is None else
-                f"resumed at {Frontier.of(resume.frontier.values())}, records from offset "
-                f"{resume.begin}"))
+            progress(f"micro-batch {batch_id}: " + _where(replay, resume, why))
         try:
             until = replay.settle(end)
             written = write_changesets(
                 replay, path, format=format, style=style, end=until, exact=True,
                 since=since)
-            if not topic:
+            if topic:
+                save_topic_resume(replay, saved, batch_id, until)
+            else:
                 save_resume(replay, saved, batch_id, until)
         finally:
             replay.unpersist()
@@ -316,21 +327,37 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             .start())
 
 
+def _where(replay: LogReplay, resume: Resumed | None, why: str) -> str:
+    """Where a micro-batch starts, for its progress message."""
+    from replay.spark._kafka import KafkaTopic
+    from replay.spark._topic_resume import TopicResumed
+
+    source = replay.source
+    if isinstance(source, KafkaTopic):
+        span = (f"{source.messages()} messages, offsets {list(source.start)} up to "
+                f"{list(source.end)}")
+        if isinstance(resume, TopicResumed):
+            return f"resumed at {Frontier.of(resume.frontier.values())}, the topic's {span}"
+        return f"the topic from its start up to offsets {list(source.end)} ({span})" + (
+            f"; not resumed: {why}" if why else "")
+    if resume is None:
+        return "from the start of the log"
+    return (f"resumed at {Frontier.of(resume.frontier.values())}, records from offset "
+            f"{resume.begin}")
+
+
 # -- resuming a micro-batch where the previous one saved ----------------------------------
 
 def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) -> bool:
     """Save where a replay that wrote up to ``until`` can be resumed (see the module's
     docstring); False when it cannot be: a domain left out of ``until``, baselines, a
     collected log (those replay from the start)."""
-    from decimal import Decimal
-
     from pyspark.sql import functions as F
 
     from replay.spark._checkpoint import Resumed
     from replay.spark._decode import KIND_EVENT, KIND_SEGMENT
-    from replay.spark._frames import CELL, as_unsigned
-    from replay.spark._output import _fs
     from replay.spark._source import LogSource
+    from replay.spark._topic_resume import pending_events
 
     source = replay.source
     resumed = replay._compacted if isinstance(replay._compacted, Resumed) else None
@@ -338,11 +365,6 @@ def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) 
             or {p.domain_id for p in until} != set(replay.epochs.epochs)):
         return False
     starts = []
-    # A domain not in ``until`` has no epoch record yet (a new agent: its first batch
-    # may ship segments, or its events fragment land before its epochs): all of it.
-    signed = [p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
-              for p in until]
-    pending = ~F.col("domain").isin(signed)
     for p in until:
         offset = replay.quiescent_offsets.get((p.domain_id, p.epoch_seq))
         if offset is None:  # the point it resumed at: nothing of the domain came since
@@ -350,24 +372,33 @@ def save_resume(replay: LogReplay, folder: str, batch_id: int, until: Frontier) 
                 return False
             offset = resumed.begin
         starts.append(offset)
-        domain = p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
-        pending = pending | ((F.col("domain") == F.lit(domain)) & (
-            (F.col("q") > F.lit(p.epoch_seq))
-            | (F.col("q").isNull() & (as_unsigned(F.col("batch")) >= F.lit(Decimal(p.end_id))))))
-    rows = replay._rows.filter(F.col("kind").isin(KIND_EVENT, KIND_SEGMENT) & pending)
+    # A domain not in ``until`` has no epoch record yet (a new agent: its first batch
+    # may ship segments, or its events fragment land before its epochs): all of it.
+    rows = replay._rows.filter(F.col("kind").isin(KIND_EVENT, KIND_SEGMENT)
+                               & pending_events(until))
     first = rows.agg(F.min("offset")).collect()[0][0]
     begin = min([*starts, *([] if first is None else [int(first)])])
+    write_saved_point(replay, folder, batch_id, until, [(str(until), begin)],
+                      "frontier string, begin long")
+    return True
+
+
+def write_saved_point(replay: LogReplay, folder: str, batch_id: int, until: Frontier,
+                      meta: list[tuple[object, ...]], schema: str) -> None:
+    """Write a saved point: the cells at ``until``, then its ``meta`` row (last: the
+    point is saved once that is), keeping the newest ``_KEEP_SAVED`` points."""
+    from replay.spark._frames import CELL
+    from replay.spark._output import _fs
+
     spark = replay.spark
     here = f"{folder}/{batch_id:012d}"
     replay._state_at(until).select("_domain", *CELL, "value").write.mode(
         "overwrite").parquet(here + "/cells")
-    spark.createDataFrame([(str(until), begin)], "frontier string, begin long").write.mode(
-        "overwrite").parquet(here + "/meta")  # last: the point is saved once this is
+    spark.createDataFrame(meta, schema).write.mode("overwrite").parquet(here + "/meta")
     fs, root = _fs(spark, folder)
     names = sorted(s.getPath().getName() for s in fs.listStatus(root))
     for name in names[:-_KEEP_SAVED]:
         fs.delete(root.suffix("/" + name), True)
-    return True
 
 
 def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed | None:
@@ -385,6 +416,8 @@ def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed 
         if not _exists(spark, here + "/meta/_SUCCESS"):
             continue  # a save cut short: the one before may still fit
         row = spark.read.parquet(here + "/meta").collect()[0]
+        if "begin" not in row.asDict():
+            return None  # not a wal3 point (a topic's): replay from the start
         frontier = {p.domain_id: p for p in Frontier.parse(row["frontier"])}
         fits = all(p.domain_id in frontier and p.epoch_seq <= frontier[p.domain_id].epoch_seq
                    for p in applied)
