@@ -92,6 +92,7 @@ class TopicScan:
             while todo:
                 with kafka_errors("consumer", f"reading {self.topic!r}", KafkaUnavailable):
                     messages = consumer.consume(10_000, 0.5)
+                took = False
                 for m in messages:
                     err = m.error()
                     if err is not None:
@@ -103,7 +104,11 @@ class TopicScan:
                     if self.read[p] <= offset < end[p]:
                         self._take(p, offset, m.value(), m.headers())
                         self.read[p] = offset + 1
-                if not messages:  # a transaction's control records end no message
+                        took = True
+                if took:
+                    deadline = time.monotonic() + timeout
+                else:  # a transaction's control records end no message (only the
+                    # consumer's position moves past them); or a partition is stuck
                     for tp in consumer.position([ck.TopicPartition(self.topic, p)
                                                  for p in todo]):
                         if tp.offset >= end[tp.partition]:
@@ -112,9 +117,11 @@ class TopicScan:
                         raise KafkaUnavailable(
                             f"Kafka consumer: reading {self.topic!r} stalled for {timeout}s "
                             f"before the ends {end} (reached {self.read})")
-                else:
-                    deadline = time.monotonic() + timeout
-                todo = {p for p in todo if self.read[p] < end[p]}
+                reached = [p for p in todo if self.read[p] >= end[p]]
+                if reached:  # no more fetching of what comes after the ends
+                    with kafka_errors("consumer", f"pausing partitions of {self.topic!r}"):
+                        consumer.pause([ck.TopicPartition(self.topic, p) for p in reached])
+                    todo.difference_update(reached)
             return tuple(end)
 
     def _take(self, partition: int, offset: int, value: bytes | None, headers: Any) -> None:

@@ -561,6 +561,12 @@ class LogReplay:
         """
         from replay._baseline import HOLD_LIMIT_EPOCHS
 
+        for p in end:  # the source saw its points: a log without them lost them
+            if p.domain_id not in self.epochs.epochs:
+                raise InconsistentLog(
+                    f"quiescence point {p} was seen in the log, but its domain's epochs are "
+                    "no longer there (removed by retention, or the log was replaced)",
+                    domain_id=p.domain_id, epoch_seq=p.epoch_seq)
         out = []
         for p in self.frontier(end, fill=False):
             d = p.domain_id

@@ -88,3 +88,81 @@ def test_a_lost_marker_or_a_foreign_message_is_refused() -> None:
     headers: Any = [("other", b"x")]
     with pytest.raises(InconsistentLog, match="not a cdc-agent native record"):
         _scan()._take(1, 7, b"plain text", headers)
+
+
+def test_a_partition_stuck_below_its_end_times_out_while_others_keep_growing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partition 0 never reaches its end (a gap no position covers) while partition 1,
+    done, keeps receiving messages past its end: the look stops with KafkaUnavailable
+    after its timeout (messages past the ends are no progress), and partition 1 is
+    paused once it reached its end."""
+    import contextlib
+    import time
+
+    import replay.spark._kafka_points as points
+    from replay.spark._kafka import NATIVE_MAGIC
+    from sinks.kafka import KafkaUnavailable
+
+    class Message:
+        def __init__(self, partition: int, offset: int) -> None:
+            self._p, self._o = partition, offset
+
+        def error(self) -> None:
+            return None
+
+        def partition(self) -> int:
+            return self._p
+
+        def offset(self) -> int:
+            return self._o
+
+        def value(self) -> bytes:
+            return NATIVE_MAGIC + b"an event: skipped by its first bytes"
+
+        def headers(self) -> None:
+            return None
+
+    class TopicPartition:
+        def __init__(self, topic: str, partition: int, offset: int = -1) -> None:
+            self.topic, self.partition, self.offset = topic, partition, offset
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.calls, self.paused, self.next = 0, set[int](), {0: 0, 1: 0}
+
+        def assign(self, parts: list[TopicPartition]) -> None:
+            pass
+
+        def pause(self, parts: list[TopicPartition]) -> None:
+            self.paused.update(tp.partition for tp in parts)
+
+        def consume(self, count: int, timeout: float) -> list[Message]:
+            self.calls += 1
+            assert self.calls < 2000, "the look spun on messages past the ends"
+            time.sleep(0.001)  # (a real consume waits for messages)
+            out = []
+            if self.next[0] < 3:  # partition 0: offsets 0..2 of its end 5, then nothing
+                out.append(Message(0, self.next[0]))
+                self.next[0] += 1
+            out.append(Message(1, self.next[1]))  # partition 1: new messages, always
+            self.next[1] += 1
+            return out
+
+        def position(self, parts: list[TopicPartition]) -> list[TopicPartition]:
+            return [TopicPartition("t", tp.partition, 3) for tp in parts]
+
+    class Ck:
+        pass
+
+    Ck.TopicPartition = TopicPartition  # type: ignore[attr-defined]
+    consumer = Consumer()
+
+    @contextlib.contextmanager
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        yield Ck, consumer, [0, 0], [5, 2]
+
+    monkeypatch.setattr(points, "topic_consumer", fake)
+    scan = TopicScan("kafka://127.0.0.1:1/t")
+    with pytest.raises(KafkaUnavailable, match="stalled"):
+        scan.advance(timeout=0.3)
+    assert scan.read == [3, 2] and 1 in consumer.paused

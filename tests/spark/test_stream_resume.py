@@ -187,3 +187,22 @@ def test_once_stops_while_writers_go_on_writing(spark: Any, tmp_path: Path) -> N
     assert codes == [0]
     rows = spark.read.parquet(str(tmp_path / "changes")).collect()
     assert {r["table"] for r in rows} >= set(first.tables[next(iter(first.tables))])
+
+
+def test_a_point_the_source_saw_of_a_domain_the_log_lost_is_inconsistent(
+        spark: Any, tmp_path: Path) -> None:
+    """A micro-batch's end names a domain whose epochs the log no longer holds (a topic's
+    retention removed them after the source saw them): InconsistentLog naming the
+    domain and point, not a ValueError about a bad position."""
+    from replay import Frontier, InconsistentLog, Position
+    from replay.spark import LogReplay
+
+    logged = write_log(tmp_path / "log", domains=1, threads=1, batches=3, rows=5, seed=41)
+    replay = LogReplay(spark, logged.uri)
+    held = replay.epochs.last_positions()
+    gone = Position(0xDEAD, 4, 40)
+    with pytest.raises(InconsistentLog, match="no longer there") as refused:
+        replay.settle(Frontier.of([*held, gone]))
+    assert refused.value.domain_id == 0xDEAD and refused.value.epoch_seq == 4
+    assert replay.settle(Frontier.of(held)) == Frontier.of(held)
+    replay.unpersist()
