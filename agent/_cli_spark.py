@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -145,6 +147,24 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _await(query: Any) -> bool:
+    """Wait until ``query`` ends; True if Ctrl-C (SIGINT) came first. PySpark's own
+    SIGINT handler calls the JVM from inside the blocked call (a reentrant call that
+    fails with Py4JError); this one only sets a flag, seen within a second."""
+    if threading.current_thread() is not threading.main_thread():
+        query.awaitTermination()  # (signal handlers belong to the main thread)
+        return False
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        while not query.awaitTermination(1):
+            if interrupted.is_set():
+                return True
+        return False
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stream(spark: Any, args: argparse.Namespace) -> int:
     """``cdc-agent spark stream``: run the query (until interrupted, or ``--once``)."""
     from pyspark.errors import StreamingQueryException
@@ -160,7 +180,8 @@ def _stream(spark: Any, args: argparse.Namespace) -> int:
         encoding=args.encoding, interval=args.interval, on_batch=wrote, progress=_say,
         once=args.once)
     try:
-        query.awaitTermination()  # with --once, the query ends by itself
+        if _await(query):  # with --once, the query ends by itself
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         _say("interrupted: stopping (start again with the same --checkpoint to go on)")
     except StreamingQueryException as exc:

@@ -231,3 +231,31 @@ def test_progress_reports_only_long_work() -> None:
         pass
     assert quiet.getvalue() == ""
     assert os.environ is not None
+
+
+def test_ctrl_c_during_a_spark_stream_stops_the_query_cleanly() -> None:
+    """``cdc-agent spark stream`` waits in short steps with its own SIGINT handler, which
+    only sets a flag (PySpark's calls the JVM from inside the blocked call and the
+    command died with a Py4JError): the wait returns True, the previous handler is
+    restored, and a query that ends by itself returns False."""
+    import os
+    import signal
+
+    from agent._cli_spark import _await
+
+    class Query:
+        def __init__(self, interrupt_at: int | None) -> None:
+            self.calls, self.interrupt_at = 0, interrupt_at
+
+        def awaitTermination(self, timeout: float | None = None) -> bool:
+            self.calls += 1
+            if self.calls == self.interrupt_at:
+                os.kill(os.getpid(), signal.SIGINT)  # handled before this returns
+            return self.interrupt_at is None and self.calls == 3
+
+    before = signal.getsignal(signal.SIGINT)
+    interrupted = Query(interrupt_at=2)
+    assert _await(interrupted) is True and interrupted.calls == 2
+    ended = Query(interrupt_at=None)
+    assert _await(ended) is False and ended.calls == 3
+    assert signal.getsignal(signal.SIGINT) is before
