@@ -10,6 +10,12 @@ skipped by their first bytes; markers are kept (two small records each) and chec
 ``LogReplay`` checks them (``vouched_epochs``: each partition's epochs follow one
 another, copies agree, counts add up), so a lost marker stops the stream at once; the
 baselines' chunk headers are kept so that no cut enters a baseline that is not whole.
+
+What is kept does not grow with the topic's history: once every partition vouched for
+a domain's epoch, its markers (and those of the epochs before it) go, and the next
+check starts after it (``vouched_epochs(starts=...)``; a later copy of such a marker
+is a duplicate, skipped as before); of the chunk headers only those the cut reads stay
+(a domain's first chunk, and the last of that baseline).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay._errors import InconsistentLog
+from replay._position import Position
 from replay.spark._kafka import (
     _CHUNK,
     _FOREIGN,
     _MARKER,
     ENCODINGS,
+    _epoch_record,
     decode_chunk,
     foreign_message,
     message_kind,
@@ -48,13 +56,20 @@ class ChunkSeen:
 
 @dataclass
 class TopicScan:
-    """The markers and chunk headers of a topic read so far (``advance`` reads more)."""
+    """What the cut needs of the markers and chunk headers of a topic read so far
+    (``advance`` reads more)."""
 
     uri: str
     encoding: str = "native"
     read: list[int] = field(default_factory=list)  # per partition: the next offset to read
+    # The markers of epochs not vouched for by every partition yet, in the order read.
     markers: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)
     chunks: list[ChunkSeen] = field(default_factory=list)  # in partition 0's order
+    taken: int = 0  # markers read in all
+    # Each domain's last epoch every partition vouched for (its markers are gone) ...
+    vouched: dict[int, Position] = field(default_factory=dict)
+    # ... and its quiescence points up to there, in order.
+    points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
@@ -137,20 +152,34 @@ class TopicScan:
             part, whole = first[HEADER_PARTITION], first[HEADER_WHOLE]
             assert part is not None and whole is not None
             self.markers.append((partition, offset, part, whole))
+            self.taken += 1
             return
         body = first.get(HEADER_SNAPSHOT) or value
         assert body is not None
         chunk = decode_chunk(partition, offset, body)
-        self.chunks.append(ChunkSeen(chunk.domain_id, chunk.baseline_id, chunk.epoch_seq,
-                                     chunk.last))
+        seen = ChunkSeen(chunk.domain_id, chunk.baseline_id, chunk.epoch_seq, chunk.last)
+        # The cut reads a domain's first chunk (its first baseline and where it starts)
+        # and that baseline's last chunk; other chunks need not stay.
+        first_seen = next((c for c in self.chunks if c.domain_id == seen.domain_id), None)
+        if first_seen is None or (seen.last and seen.baseline_id == first_seen.baseline_id):
+            self.chunks.append(seen)
 
     def quiescence_points(self) -> dict[int, list[tuple[int, int]]]:
         """Each domain's quiescence points ``(epoch_seq, end_id)`` that every partition
-        vouched for (with every epoch before them), in order."""
-        records, _offsets = vouched_epochs(self.markers, len(self.read))
-        points: dict[int, list[tuple[int, int]]] = {}
+        vouched for (with every epoch before them), in order. Forgets the markers of the
+        epochs every partition vouched for (the next look starts after them)."""
+        records, _offsets = vouched_epochs(self.markers, len(self.read), self.vouched)
         for record in records:
+            d = record.domain_id
             if record.quiescent:
-                points.setdefault(record.domain_id, []).append((record.epoch_seq,
-                                                                record.end_id))
-        return points
+                self.points.setdefault(d, []).append((record.epoch_seq, record.end_id))
+            self.vouched[d] = Position(d, record.epoch_seq, record.end_id)
+        # (checked, so a copy of a vouched epoch goes too: it was a duplicate)
+        self.markers = [m for m in self.markers if self._pending(m)]
+        return {d: list(points) for d, points in self.points.items()}
+
+    def _pending(self, marker: tuple[int, int, bytes, bytes]) -> bool:
+        """Is ``marker`` of an epoch not vouched for by every partition yet?"""
+        whole = _epoch_record(marker[3], f"partition {marker[0]} offset {marker[1]}")
+        done = self.vouched.get(whole.domain_id)
+        return done is None or whole.epoch_seq > done.epoch_seq

@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     from replay.spark._output import Format
     from replay.spark._replay import ChangeStyle, LogReplay
 
-__all__ = ["POINTS_SCHEMA", "QuiescencePoints", "load_resume", "save_resume",
-           "stream_changesets"]
+__all__ = ["POINTS_SCHEMA", "QuiescencePoints", "SavedPoint", "load_resume",
+           "newest_saved_point", "save_resume", "stream_changesets"]
 
 SOURCE_NAME: Final = "cdc_agent_points"
 POINTS_SCHEMA: Final = StructType([
@@ -401,10 +401,30 @@ def write_saved_point(replay: LogReplay, folder: str, batch_id: int, until: Fron
         fs.delete(root.suffix("/" + name), True)
 
 
-def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed | None:
-    """The newest saved point, if the changeset table (at ``applied``: each domain's
-    last written point) holds nothing after it; else None (replay from the start)."""
-    from replay.spark._checkpoint import Resumed
+@dataclass(frozen=True)
+class SavedPoint:
+    """A saved point under a stream's checkpoint: its folder's name and path, and its
+    ``meta`` row (``frontier``, then what its writer added: ``begin`` or ``offsets``)."""
+
+    name: str
+    path: str
+    meta: dict[str, Any]
+
+    def frontier(self) -> dict[int, Position]:
+        return {p.domain_id: p for p in Frontier.parse(self.meta["frontier"])}
+
+    def fits(self, applied: Frontier) -> bool:
+        """True when the changeset table (at ``applied``: each domain's last written
+        point) holds nothing after this point (else a micro-batch wrote after it and
+        crashed before saving: the rows after it would be written twice)."""
+        frontier = self.frontier()
+        return all(p.domain_id in frontier and p.epoch_seq <= frontier[p.domain_id].epoch_seq
+                   for p in applied)
+
+
+def newest_saved_point(spark: SparkSession, folder: str) -> SavedPoint | None:
+    """The newest point saved whole under ``folder`` (one whose save was cut short,
+    without ``meta/_SUCCESS``, is passed over: the one before may still fit)."""
     from replay.spark._output import _exists, _fs
 
     fs, root = _fs(spark, folder)
@@ -413,13 +433,20 @@ def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed 
     names = sorted((s.getPath().getName() for s in fs.listStatus(root)), reverse=True)
     for name in names:
         here = f"{folder}/{name}"
-        if not _exists(spark, here + "/meta/_SUCCESS"):
-            continue  # a save cut short: the one before may still fit
-        row = spark.read.parquet(here + "/meta").collect()[0]
-        if "begin" not in row.asDict():
-            return None  # not a wal3 point (a topic's): replay from the start
-        frontier = {p.domain_id: p for p in Frontier.parse(row["frontier"])}
-        fits = all(p.domain_id in frontier and p.epoch_seq <= frontier[p.domain_id].epoch_seq
-                   for p in applied)
-        return Resumed(frontier, int(row["begin"]), here + "/cells") if fits else None
+        if _exists(spark, here + "/meta/_SUCCESS"):
+            row = spark.read.parquet(here + "/meta").collect()[0]
+            return SavedPoint(name, here, row.asDict())
     return None
+
+
+def load_resume(spark: SparkSession, folder: str, applied: Frontier) -> Resumed | None:
+    """The newest saved point, if the changeset table (at ``applied``: each domain's
+    last written point) holds nothing after it; else None (replay from the start)."""
+    from replay.spark._checkpoint import Resumed
+
+    point = newest_saved_point(spark, folder)
+    if point is None or "begin" not in point.meta:
+        return None  # nothing saved, or not a wal3 point (a topic's): from the start
+    if not point.fits(applied):
+        return None
+    return Resumed(point.frontier(), int(point.meta["begin"]), point.path + "/cells")

@@ -147,29 +147,21 @@ def load_topic_resume(spark: SparkSession, folder: str, applied: Frontier, topic
                       encoding: str) -> tuple[TopicResumed | None, str]:
     """The newest saved point of ``topic`` if the changeset table (at ``applied``)
     holds nothing after it, else None and why not ("": nothing saved yet)."""
-    from replay.spark._output import _exists, _fs
+    from replay.spark._stream import newest_saved_point
 
-    fs, root = _fs(spark, folder)
-    if not fs.exists(root):
+    point = newest_saved_point(spark, folder)
+    if point is None:
         return None, ""
-    names = sorted((s.getPath().getName() for s in fs.listStatus(root)), reverse=True)
-    for name in names:
-        here = f"{folder}/{name}"
-        if not _exists(spark, here + "/meta/_SUCCESS"):
-            continue  # a save cut short: the one before may still fit
-        row = spark.read.parquet(here + "/meta").collect()[0].asDict()
-        if row.get("format") != _FORMAT or row.get("version") != TOPIC_RESUME_VERSION:
-            return None, (f"the saved point {name} is not a version-"
-                          f"{TOPIC_RESUME_VERSION} topic point (version "
-                          f"{row.get('version')!r}, written by another cdc-agent?)")
-        if row["topic"] != topic or row["encoding"] != encoding:
-            return None, (f"the saved point {name} is of topic {row['topic']!r} "
-                          f"({row['encoding']}), not {topic!r} ({encoding})")
-        frontier = {p.domain_id: p for p in Frontier.parse(row["frontier"])}
-        fits = all(p.domain_id in frontier and p.epoch_seq <= frontier[p.domain_id].epoch_seq
-                   for p in applied)
-        if not fits:
-            return None, f"the table holds intervals after the saved point {name}"
-        offsets = tuple(int(o) for o in json.loads(row["offsets"]))
-        return TopicResumed(frontier, 0, here + "/cells", topic, encoding, offsets), ""
-    return None, ""
+    row, name = point.meta, point.name
+    if row.get("format") != _FORMAT or row.get("version") != TOPIC_RESUME_VERSION:
+        return None, (f"the saved point {name} is not a version-{TOPIC_RESUME_VERSION} "
+                      f"topic point (version {row.get('version')!r}, written by another "
+                      "cdc-agent?)")
+    if row["topic"] != topic or row["encoding"] != encoding:
+        return None, (f"the saved point {name} is of topic {row['topic']!r} "
+                      f"({row['encoding']}), not {topic!r} ({encoding})")
+    if not point.fits(applied):
+        return None, f"the table holds intervals after the saved point {name}"
+    offsets = tuple(int(o) for o in json.loads(row["offsets"]))
+    return TopicResumed(point.frontier(), 0, point.path + "/cells", topic, encoding,
+                        offsets), ""

@@ -8,10 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from replay import InconsistentLog
-from replay.spark._kafka_points import TopicScan
-from replay.spark._stream import topic_frontier
+from replay import Frontier, InconsistentLog
+from replay.spark._kafka import vouched_epochs
+from replay.spark._kafka_points import ChunkSeen, TopicScan
+from replay.spark._stream import _Scan, topic_frontier
 from sequencer import EpochRecord
 from sinks.codec import (
     HEADER_PARTITION,
@@ -27,21 +30,23 @@ DOMAIN = 0xD0
 PARTITIONS = 3
 
 
-def _record(seq: int, stream: int | None = None) -> EpochRecord:
+def _record(seq: int, stream: int | None = None, domain: int = DOMAIN) -> EpochRecord:
     # Empty epochs, 10 ids each; the even ones are quiescence points.
-    return EpochRecord(DOMAIN, seq, (seq - 1) * 10, seq * 10, 0, seq % 2 == 0, stream=stream)
+    return EpochRecord(domain, seq, (seq - 1) * 10, seq * 10, 0, seq % 2 == 0, stream=stream)
 
 
-def _marker(scan: TopicScan, partition: int, seq: int) -> None:
-    headers = [(HEADER_PARTITION, encode_epoch(_record(seq, partition))),
-               (HEADER_WHOLE, encode_epoch(_record(seq)))]
+def _marker(scan: TopicScan, partition: int, seq: int, domain: int = DOMAIN) -> None:
+    headers = [(HEADER_PARTITION, encode_epoch(_record(seq, partition, domain))),
+               (HEADER_WHOLE, encode_epoch(_record(seq, None, domain)))]
     offset = scan.read[partition]
-    scan._take(partition, offset, encode_epoch(_record(seq, partition)), headers)
+    scan._take(partition, offset, encode_epoch(_record(seq, partition, domain)), headers)
     scan.read[partition] = offset + 1
 
 
-def _chunk(scan: TopicScan, seq: int, index: int, last: bool) -> None:
-    chunk = SnapshotChunk.build(DOMAIN, seq, seq * 10, 0xB0, index, last, None, None, [])
+def _chunk(scan: TopicScan, seq: int, index: int, last: bool, domain: int = DOMAIN,
+           baseline_id: int = 0xB0) -> None:
+    chunk = SnapshotChunk.build(domain, seq, seq * 10, baseline_id, index, last, None, None,
+                                [])
     scan._take(0, scan.read[0], encode_snapshot(chunk), None)
     scan.read[0] += 1
 
@@ -166,3 +171,101 @@ def test_a_partition_stuck_below_its_end_times_out_while_others_keep_growing(
     with pytest.raises(KafkaUnavailable, match="stalled"):
         scan.advance(timeout=0.3)
     assert scan.read == [3, 2] and 1 in consumer.paused
+
+
+def _keep_everything(markers: list[Any], chunks: list[ChunkSeen]) -> Frontier:
+    """The cut as the scan made it before it forgot anything: every marker ever read
+    checked from the start at each look, every chunk header replayed."""
+    records, _ = vouched_epochs(markers, PARTITIONS)
+    scan = _Scan()
+    for r in records:
+        if r.quiescent:
+            scan.point(r.domain_id, r.epoch_seq, r.end_id)
+    for c in chunks:
+        scan.chunk(c.domain_id, c.baseline_id, c.epoch_seq, c.last)
+    return scan.frontier()
+
+
+_KINDS = ("marker",) * 8 + ("copy", "chunk", "look", "look")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 1),
+                          st.integers(0, PARTITIONS - 1), st.booleans()),
+                min_size=40, max_size=150),
+       st.none() | st.integers(0, 80))
+def test_forgetting_vouched_markers_changes_no_cut(
+        steps: list[tuple[str, int, int, bool]], lost: int | None) -> None:
+    """Two domains' markers over three partitions in any interleaving (copies of earlier
+    markers, baseline chunks, maybe a lost marker, step ``lost``): at every look the
+    scan that forgets the vouched epochs' markers cuts where the keep-everything scan
+    cuts (or refuses as it does), and it keeps exactly the markers of epochs not every
+    partition vouched for."""
+    scan = _scan()
+    every: list[Any] = []
+    chunks: list[ChunkSeen] = []
+    sent: dict[tuple[int, int], int] = {}  # (partition, domain) -> last epoch sent
+    for step, (kind, d, partition, last) in enumerate([*steps, ("look", 0, 0, False)]):
+        domain = DOMAIN + d
+        if kind in ("marker", "copy"):
+            lane = (partition, domain)
+            sent_last = sent.get(lane, 0)
+            seq = sent_last + (2 if step == lost else 1)  # (lost: one epoch skipped)
+            if kind == "copy":
+                if not sent_last:
+                    continue
+                seq = 1 + (len(every) % sent_last)  # some epoch it sent already
+            _marker(scan, partition, seq, domain)
+            every.append(scan.markers[-1])
+            sent[lane] = max(sent_last, seq)
+        elif kind == "chunk":
+            seq = sent.get((0, domain), 0)
+            baseline = 0xB0 + sum(c.domain_id == domain and c.last for c in chunks)
+            _chunk(scan, seq, 0, last, domain, baseline)
+            chunks.append(ChunkSeen(domain, baseline, seq, last))
+        else:
+            try:
+                expected: Frontier | str = _keep_everything(every, chunks)
+            except InconsistentLog as exc:
+                expected = str(exc)
+            try:
+                got: Frontier | str = topic_frontier(scan)
+            except InconsistentLog as exc:
+                got = str(exc)
+            assert got == expected
+            if isinstance(got, str):
+                return  # (the stream stops here)
+            vouched = {r.domain_id: r.epoch_seq for r in vouched_epochs(every, PARTITIONS)[0]}
+            assert scan.markers == [m for m in every if _epoch_of(m)[1] > vouched.get(
+                _epoch_of(m)[0], 0)]
+    assert scan.taken == len(every)
+
+
+def _epoch_of(marker: Any) -> tuple[int, int]:
+    from sinks.codec import decode
+
+    whole = decode(marker[3])
+    assert isinstance(whole, EpochRecord)
+    return whole.domain_id, whole.epoch_seq
+
+
+def test_what_the_scan_keeps_does_not_grow_with_the_topic() -> None:
+    """500 epochs of two domains, partition 2 a little behind, a look after each:
+    the scan never holds more than the few markers partition 2 has not matched yet,
+    and of a baseline's many chunks only the two the cut reads."""
+    scan = _scan()
+    most = 0
+    for seq in range(1, 501):
+        for domain in (DOMAIN, DOMAIN + 1):
+            for p in (0, 1):
+                _marker(scan, p, seq, domain)
+            if seq > 3:
+                _marker(scan, 2, seq - 3, domain)
+        if seq % 50 == 0:
+            for index in range(20):
+                _chunk(scan, seq, index, index == 19, baseline_id=seq)
+        cut = topic_frontier(scan).get(DOMAIN)
+        assert seq < 5 or (cut is not None and cut.epoch_seq in (seq - 3, seq - 4))
+        most = max(most, len(scan.markers))
+    assert scan.taken > 2_900 and most <= 2 * 2 * 4
+    assert len(scan.chunks) == 2
