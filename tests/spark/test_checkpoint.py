@@ -172,3 +172,24 @@ def test_cli_snapshot_of_a_collected_log(spark: Any, compacted: Compacted, tmp_p
     assert main(["spark", "snapshot", compacted.uri, "--out", out]) == 0
     assert "checkpoint" in capsys.readouterr().err
     assert bits(to_state(spark.read.parquet(out))) == compacted.logged.final
+
+
+def test_a_table_ending_at_a_point_gc_compacted_away_is_refused(
+        spark: Any, replay: LogReplay, compacted: Compacted, tmp_path: Path) -> None:
+    """A changeset table whose last rows are at a point the collected log no longer
+    holds: appending to it is refused naming the domain, the epoch and what to do
+    (since=, or a rebuild), before anything is written."""
+    from replay.spark import write_changesets
+
+    retained = replay._compacted.retained() if replay._compacted else {}
+    domain_id = next(iter(retained))
+    gone = min(q for d, q in compacted.logged.at_quiescence if d == domain_id)
+    assert gone < retained[domain_id][0].epoch_seq
+    path = tmp_path / "changes"
+    signed = domain_id - (1 << 64) if domain_id >= 1 << 63 else domain_id
+    spark.createDataFrame([(signed, gone)], "_domain long, _epoch long").write.parquet(
+        str(path / "run=00000001"))
+    with pytest.raises(ValueError, match=f"ends at epoch {gone} of domain {domain_id:016x}, "
+                                         "a point `cdc-agent log gc` compacted away.*since="):
+        write_changesets(replay, str(path), format="parquet")
+    assert [p.name for p in path.iterdir()] == ["run=00000001"]
