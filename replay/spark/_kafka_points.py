@@ -21,11 +21,12 @@ is a duplicate, skipped as before); of the chunk headers only those the cut read
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from replay._errors import InconsistentLog
-from replay._position import Position
+from replay._position import Frontier, Position
 from replay.spark._kafka import (
     _CHUNK,
     _FOREIGN,
@@ -70,12 +71,24 @@ class TopicScan:
     vouched: dict[int, Position] = field(default_factory=dict)
     # ... and its quiescence points up to there, in order.
     points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # Where the first look starts, if not at the first offsets held (``resume_from``).
+    seed: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
             raise ValueError(f"unknown Kafka encoding {self.encoding!r}; choose native or "
                              "debezium")
         self.bootstrap, self.topic = parse_topic_uri(self.uri)
+
+    def resume_from(self, offsets: Sequence[int], at: Frontier) -> None:
+        """Start the first look at a stream's saved point (``_topic_resume``): from
+        ``offsets`` every marker of an epoch after ``at`` is in the topic, so ``at``
+        stands for what comes before (its epochs vouched, its points the first). If the
+        topic no longer holds those offsets (retention), the look starts from the first
+        held, as without a saved point."""
+        self.seed = list(offsets)
+        self.vouched = {p.domain_id: p for p in at}
+        self.points = {p.domain_id: [(p.epoch_seq, p.end_id)] for p in at}
 
     def advance(self, timeout: float = 15.0) -> tuple[int, ...]:
         """Read every partition's messages up to its end now; return those ends.
@@ -88,6 +101,13 @@ class TopicScan:
                 ck, consumer, start, end):
             if not self.read:
                 self.read = list(start)
+                seed, self.seed = self.seed, None
+                if seed is not None and len(seed) == len(start) and all(
+                        first <= at <= stop for first, at, stop in zip(start, seed, end,
+                                                                       strict=True)):
+                    self.read = seed
+                elif seed is not None:  # trimmed: nothing stands for the epochs before
+                    self.vouched, self.points = {}, {}
             if len(end) != len(self.read):
                 raise ValueError(f"topic {self.topic!r} now has {len(end)} partitions, it had "
                                  f"{len(self.read)}: a topic's partition count must not change")

@@ -191,6 +191,9 @@ class _PointsReader(DataSourceStreamReader):
         if self._topic is None:
             self._topic = TopicScan(self._options["uri"],
                                     self._options.get("encoding") or "native")
+            if self._options.get("resume_offsets"):  # a restarted query's saved point
+                self._topic.resume_from(json.loads(self._options["resume_offsets"]),
+                                        Frontier.parse(self._options["resume_frontier"]))
         ends = self._topic.advance()
         frontier = str(topic_frontier(self._topic))
         if self._last is None or self._last["frontier"] != frontier:
@@ -233,13 +236,18 @@ class QuiescencePoints(DataSource):
 
 
 def points_stream(spark: SparkSession, uri: str, *, prefix: str = "",
-                  endpoint_url: str | None = None, encoding: str = "native") -> DataFrame:
-    """The streaming DataFrame of quiescence-point frontiers of the log at ``uri``."""
+                  endpoint_url: str | None = None, encoding: str = "native",
+                  resume: tuple[Frontier, list[int]] | None = None) -> DataFrame:
+    """The streaming DataFrame of quiescence-point frontiers of the log at ``uri``;
+    ``resume``: a topic's saved point (frontier, offsets) its look starts at."""
     spark.dataSource.register(QuiescencePoints)
     reader = (spark.readStream.format(SOURCE_NAME).option("uri", uri).option("prefix", prefix)
               .option("encoding", encoding))
     if endpoint_url:
         reader = reader.option("endpoint_url", endpoint_url)
+    if resume is not None:
+        reader = (reader.option("resume_frontier", str(resume[0]))
+                  .option("resume_offsets", json.dumps(resume[1])))
     return reader.load()
 
 
@@ -264,7 +272,11 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
     from replay.spark._kafka import TopicTrimmed
     from replay.spark._output import applied_frontier, write_changesets
     from replay.spark._replay import LogReplay
-    from replay.spark._topic_resume import load_topic_resume, save_topic_resume
+    from replay.spark._topic_resume import (
+        load_topic_resume,
+        save_topic_resume,
+        saved_topic_offsets,
+    )
     from sinks.wal3 import GarbageCollected
 
     topic = uri.startswith(KAFKA_SCHEME)
@@ -320,8 +332,11 @@ def stream_changesets(spark: SparkSession, uri: str, path: str, *, checkpoint: s
             on_batch(batch_id, written)
 
     saved = checkpoint.rstrip("/") + "/" + RESUME_FOLDER
+    seed = None
+    if topic:  # a restarted query's source looks at the topic from the saved offsets on
+        seed = saved_topic_offsets(spark, saved, parse_topic_uri(uri)[1], encoding)
     return (points_stream(spark, uri, prefix=prefix, endpoint_url=endpoint_url,
-                          encoding=encoding)
+                          encoding=encoding, resume=seed)
             .writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
             .trigger(**({"availableNow": True} if once else {"processingTime": interval}))
             .start())

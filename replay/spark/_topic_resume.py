@@ -24,6 +24,9 @@ The point is saved under the query's checkpoint (``cdc_agent_resume/<batch id>/`
 ``encoding``, ``frontier``, ``offsets`` as JSON), ``meta`` last. A reader of another
 version, topic or encoding, or whose offsets the topic no longer holds (retention,
 ``deleteRecords``), does not resume: it replays the topic from its start and says why.
+A restarted query's source (``_kafka_points.TopicScan``) also starts its look at the
+topic at the newest saved point's offsets (``saved_topic_offsets``): every marker it
+needs after the point's frontier is there.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
 
     from replay.spark._replay import LogReplay
+    from replay.spark._stream import SavedPoint
 
 __all__ = ["TOPIC_RESUME_VERSION", "TopicResumed", "load_topic_resume", "marker_starts",
-           "pending_events", "resume_offsets", "save_topic_resume"]
+           "pending_events", "resume_offsets", "save_topic_resume", "saved_topic_offsets"]
 
 TOPIC_RESUME_VERSION: Final = 1
 _FORMAT: Final = "cdc-agent topic resume"
@@ -152,16 +156,38 @@ def load_topic_resume(spark: SparkSession, folder: str, applied: Frontier, topic
     point = newest_saved_point(spark, folder)
     if point is None:
         return None, ""
-    row, name = point.meta, point.name
-    if row.get("format") != _FORMAT or row.get("version") != TOPIC_RESUME_VERSION:
-        return None, (f"the saved point {name} is not a version-{TOPIC_RESUME_VERSION} "
-                      f"topic point (version {row.get('version')!r}, written by another "
-                      "cdc-agent?)")
-    if row["topic"] != topic or row["encoding"] != encoding:
-        return None, (f"the saved point {name} is of topic {row['topic']!r} "
-                      f"({row['encoding']}), not {topic!r} ({encoding})")
+    why = _not_of(point, topic, encoding)
+    if why:
+        return None, why
     if not point.fits(applied):
-        return None, f"the table holds intervals after the saved point {name}"
-    offsets = tuple(int(o) for o in json.loads(row["offsets"]))
+        return None, f"the table holds intervals after the saved point {point.name}"
+    offsets = tuple(int(o) for o in json.loads(point.meta["offsets"]))
     return TopicResumed(point.frontier(), 0, point.path + "/cells", topic, encoding,
                         offsets), ""
+
+
+def saved_topic_offsets(spark: SparkSession, folder: str, topic: str, encoding: str
+                        ) -> tuple[Frontier, list[int]] | None:
+    """The newest saved point of ``topic``'s frontier and offsets, whatever the table
+    holds: where a restarted query's source starts its look at the topic
+    (``TopicScan.resume_from``); None when there is none."""
+    from replay.spark._stream import newest_saved_point
+
+    point = newest_saved_point(spark, folder)
+    if point is None or _not_of(point, topic, encoding):
+        return None
+    return (Frontier.of(point.frontier().values()),
+            [int(o) for o in json.loads(point.meta["offsets"])])
+
+
+def _not_of(point: SavedPoint, topic: str, encoding: str) -> str:
+    """Why ``point`` is not a point of ``topic`` in ``encoding`` this reader reads
+    ("" when it is)."""
+    row, name = point.meta, point.name
+    if row.get("format") != _FORMAT or row.get("version") != TOPIC_RESUME_VERSION:
+        return (f"the saved point {name} is not a version-{TOPIC_RESUME_VERSION} topic "
+                f"point (version {row.get('version')!r}, written by another cdc-agent?)")
+    if row["topic"] != topic or row["encoding"] != encoding:
+        return (f"the saved point {name} is of topic {row['topic']!r} ({row['encoding']}), "
+                f"not {topic!r} ({encoding})")
+    return ""

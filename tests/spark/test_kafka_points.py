@@ -269,3 +269,112 @@ def test_what_the_scan_keeps_does_not_grow_with_the_topic() -> None:
         most = max(most, len(scan.markers))
     assert scan.taken > 2_900 and most <= 2 * 2 * 4
     assert len(scan.chunks) == 2
+
+
+class _Held:
+    """A topic of three partitions served by a stand-in for ``topic_consumer``: each
+    partition's messages ``(value, headers)`` from offset ``low[p]`` on."""
+
+    def __init__(self, messages: dict[int, list[tuple[bytes, Any]]], low: list[int]) -> None:
+        self.messages, self.low = messages, low
+        self.assigned: list[int] = []
+
+    def consumer(self, *args: Any, **kwargs: Any) -> Any:
+        import contextlib
+
+        held = self
+
+        class TopicPartition:
+            def __init__(self, topic: str, partition: int, offset: int = -1) -> None:
+                self.topic, self.partition, self.offset = topic, partition, offset
+
+        class Message:
+            def __init__(self, partition: int, offset: int) -> None:
+                self._p, self._o = partition, offset
+
+            def error(self) -> None:
+                return None
+
+            def partition(self) -> int:
+                return self._p
+
+            def offset(self) -> int:
+                return self._o
+
+            def value(self) -> bytes:
+                return held.messages[self._p][self._o][0]
+
+            def headers(self) -> Any:
+                return held.messages[self._p][self._o][1]
+
+        class Consumer:
+            def __init__(self) -> None:
+                self.at: dict[int, int] = {}
+
+            def assign(self, parts: list[TopicPartition]) -> None:
+                self.at = {tp.partition: tp.offset for tp in parts}
+                held.assigned = [self.at.get(p, -1) for p in range(PARTITIONS)]
+
+            def pause(self, parts: list[TopicPartition]) -> None:
+                pass
+
+            def consume(self, count: int, timeout: float) -> list[Message]:
+                out = [Message(p, o) for p, first in self.at.items()
+                       for o in range(first, len(held.messages[p]))]
+                self.at = {p: len(held.messages[p]) for p in self.at}
+                return out
+
+        class Ck:
+            pass
+
+        Ck.TopicPartition = TopicPartition  # type: ignore[attr-defined]
+        ends = [len(held.messages[p]) for p in range(PARTITIONS)]
+        return contextlib.nullcontext((Ck, Consumer(), list(self.low), ends))
+
+
+def test_a_restarted_look_starts_at_the_saved_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted query's look at the topic starts at its saved point's offsets
+    (``marker_starts`` at the point's frontier), reads only from there and cuts where a
+    look from the topic's start cuts; offsets the topic no longer holds (retention)
+    start it at the first offset held, without the point (here: refused, the topic lost
+    the domain's first epochs)."""
+    import json
+
+    import replay.spark._kafka_points as points
+    from replay import Frontier, Position
+    from replay.spark._kafka import NATIVE_MAGIC
+    from replay.spark._stream import _PointsReader
+    from replay.spark._topic_resume import marker_starts
+
+    messages: dict[int, list[tuple[bytes, Any]]] = {p: [] for p in range(PARTITIONS)}
+    for seq in range(1, 13):
+        for p in range(PARTITIONS if seq <= 9 else 2):  # partition 2 is behind
+            messages[p].append((NATIVE_MAGIC + b"an event", None))
+            headers = [(HEADER_PARTITION, encode_epoch(_record(seq, p))),
+                       (HEADER_WHOLE, encode_epoch(_record(seq)))]
+            messages[p].append((encode_epoch(_record(seq, p)), headers))
+    markers = [(p, o, dict(m[1])[HEADER_PARTITION], dict(m[1])[HEADER_WHOLE])
+               for p in range(PARTITIONS) for o, m in enumerate(messages[p]) if m[1]]
+    ends = [len(messages[p]) for p in range(PARTITIONS)]
+    at = Frontier.of([Position(DOMAIN, 4, 40)])
+    starts = marker_starts(markers, {DOMAIN: 4}, ends)
+    topic = _Held(messages, [0, 0, 0])
+    monkeypatch.setattr(points, "topic_consumer", topic.consumer)
+    whole = TopicScan("kafka://127.0.0.1:1/t")
+    whole.advance()
+    assert topic.assigned == [0, 0, 0]
+    source = _PointsReader({"uri": "kafka://127.0.0.1:1/t", "resume_offsets": json.dumps(
+        starts), "resume_frontier": str(at)})  # as stream_changesets starts it
+    offset = source.latestOffset()
+    assert topic.assigned == starts and min(starts) > 0
+    assert offset["frontier"] == str(topic_frontier(whole)) == str(Frontier.of(
+        [Position(DOMAIN, 8, 80)]))
+    assert source._topic is not None and source._topic.taken < whole.taken
+    trimmed = _Held(messages, [starts[0] + 1, 0, 0])
+    monkeypatch.setattr(points, "topic_consumer", trimmed.consumer)
+    late = TopicScan("kafka://127.0.0.1:1/t")
+    late.resume_from(starts, at)
+    late.advance()
+    assert trimmed.assigned == [starts[0] + 1, 0, 0]
+    with pytest.raises(InconsistentLog, match="starts in the middle"):
+        topic_frontier(late)

@@ -221,16 +221,18 @@ def test_micro_batches_resume_from_the_saved_offsets_and_still_refuse_a_lost_eve
 
 
 def test_a_saved_point_of_another_version_topic_or_encoding_is_not_loaded(
-        spark: Any, tmp_path: Path) -> None:
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``load_topic_resume`` takes the newest saved point only if it is a version-1
     topic point of this topic and encoding that the table has not gone past; else None
     and why (the micro-batch then replays from the start and says so). A wal3 stream
-    does not take a topic's point."""
+    does not take a topic's point. A query started on the checkpoint hands the point
+    to its source (its look at the topic starts there), whatever the table holds."""
+    import replay.spark._stream as stream
     from replay import Frontier, Position
     from replay.spark._stream import load_resume
     from replay.spark._topic_resume import TOPIC_RESUME_VERSION, load_topic_resume
 
-    folder = str(tmp_path / "saved")
+    folder = str(tmp_path / "checkpoint" / "cdc_agent_resume")
     at = Frontier.of([Position(5, 3, 40)])
     good = {"version": TOPIC_RESUME_VERSION, "format": "cdc-agent topic resume",
             "topic": "t", "encoding": "native", "frontier": str(at), "offsets": "[4, 0, 7]"}
@@ -264,6 +266,16 @@ def test_a_saved_point_of_another_version_topic_or_encoding_is_not_loaded(
     point, why = load_topic_resume(spark, folder, Frontier.of([Position(5, 4, 50)]),
                                    "t", "native")
     assert point is None and "the table holds intervals after" in why
+
+    def source(*args: Any, resume: Any = None, **kwargs: Any) -> Any:
+        raise LookupError(resume)
+
+    monkeypatch.setattr(stream, "points_stream", source)
+    for topic, seed in (("t", (at, [4, 0, 7])), ("u", None)):
+        with pytest.raises(LookupError) as started:
+            stream_changesets(spark, f"kafka://127.0.0.1:1/{topic}", str(tmp_path / "out"),
+                              checkpoint=str(tmp_path / "checkpoint"))
+        assert started.value.args == (seed,)
 
 
 def test_markers_checked_from_a_saved_point(rounds: Rounds) -> None:
