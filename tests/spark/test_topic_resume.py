@@ -146,13 +146,18 @@ class Stream:
         return (int(found.group(1)), [int(x) for x in found.group(2).split(",")],
                 [int(x) for x in found.group(3).split(",")])
 
+    # (read with pyarrow: a Spark job per look would cost seconds)
     def saved(self) -> dict[str, Any]:
         """The newest saved point's meta row."""
-        folder = sorted((Path(self.checkpoint) / "cdc_agent_resume").iterdir())[-1]
-        return dict(self.spark.read.parquet(str(folder / "meta")).collect()[0].asDict())
+        import pyarrow.parquet as pq
 
-    def rows(self) -> list[Any]:
-        return list(self.spark.read.parquet(self.out).collect())
+        folder = sorted((Path(self.checkpoint) / "cdc_agent_resume").iterdir())[-1]
+        return dict(pq.read_table(folder / "meta").to_pylist()[0])
+
+    def rows(self) -> list[dict[str, Any]]:
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(self.out).to_pylist())
 
 
 def _upto(log: Logged, frontier: dict[int, int], rows: list[Any]) -> Logged:
