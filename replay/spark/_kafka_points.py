@@ -196,7 +196,7 @@ class TopicScan:
             self.vouched[d] = Position(d, record.epoch_seq, record.end_id)
         # (checked, so a copy of a vouched epoch goes too: it was a duplicate)
         self.markers = [m for m in self.markers if self._pending(m)]
-        return {d: list(points) for d, points in self.points.items()}
+        return self.points  # (the scan's own lists: read them, do not change them)
 
     def _pending(self, marker: tuple[int, int, bytes, bytes]) -> bool:
         """Is ``marker`` of an epoch not vouched for by every partition yet?"""

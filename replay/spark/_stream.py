@@ -40,6 +40,7 @@ topic's start, which the progress message says.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -142,11 +143,18 @@ def topic_frontier(topic: TopicScan) -> Frontier:
     """The frontier of a topic's quiescence points every partition vouched for, kept
     out of baselines that are not whole (``_Scan.frontier``)."""
     scan = _Scan()
-    for domain_id, points in topic.quiescence_points().items():
-        for epoch_seq, end_id in points:
-            scan.point(domain_id, epoch_seq, end_id)
     for c in topic.chunks:
         scan.chunk(c.domain_id, c.baseline_id, c.epoch_seq, c.last)
+    for domain_id, points in topic.quiescence_points().items():
+        # The cut reads a domain's last point and, if a baseline starts, the last one
+        # before it: only those go in (each look costs the same however long the topic).
+        keep = points[-1:]
+        start = scan.start.get(domain_id)
+        if start is not None:
+            before = bisect.bisect_left(points, (start,))
+            keep = sorted({*keep, *points[max(before - 1, 0):before]})
+        for epoch_seq, end_id in keep:
+            scan.point(domain_id, epoch_seq, end_id)
     return scan.frontier()
 
 
