@@ -224,6 +224,22 @@ def test_micro_batches_resume_from_the_saved_offsets_and_still_refuse_a_lost_eve
     assert s.span(s.said[-1])[1] == json.loads(saved["offsets"])
     assert len(s.rows()) == len(rows)
 
+    # Partition 0 loses its messages up to just past the saved offset (deleteRecords, as
+    # retention would): the restarted query's micro-batch does not resume, says so, and
+    # replays from the topic's start, which no longer holds the domains' first epochs:
+    # the query stops with InconsistentLog (never a state the topic cannot prove).
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    kept = json.loads(saved["offsets"])[0]
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.delete_records([TopicPartition(s.topic, 0, kept + 1)]).values():
+        future.result(30)
+    with pytest.raises(Exception, match="InconsistentLog"):
+        s.run()
+    assert len(s.said) == 4 and "from its start" in s.said[-1] and (
+        f"the saved point starts at offset {kept}" in s.said[-1]), s.said[-1]
+
 
 def test_a_saved_point_of_another_version_topic_or_encoding_is_not_loaded(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,33 +350,3 @@ def test_markers_checked_from_a_saved_point(rounds: Rounds) -> None:
                 if epoch(mk) == (d, point[d].epoch_seq + 1) and mk[0] == 1)
     with pytest.raises(InconsistentLog, match="partition 1 skips from epoch"):
         vouched_epochs(tail[:lost] + tail[lost + 1:], 3, point)
-
-
-def test_a_saved_point_retention_removed_is_not_resumed(
-        spark: Any, kafka_broker: KafkaBroker, rounds: Rounds, tmp_path: Path) -> None:
-    """Partition 0 loses its messages up to just past the saved offset (deleteRecords,
-    as retention would): the next micro-batch does not resume, says so, and replays
-    from the topic's start, which no longer holds the domains' first epochs: the query
-    stops with InconsistentLog (never a state the topic cannot prove)."""
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    s = Stream(spark, kafka_broker, tmp_path, "trim")
-    half, rest = rounds.half_of_a()
-    s.produce(half)
-    query = s.start()
-    try:
-        query.processAllAvailable()
-        offsets = json.loads(s.saved()["offsets"])
-        assert offsets[0] < len(rounds.first[0])
-        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
-        gone = offsets[0] + 1
-        for future in admin.delete_records([TopicPartition(s.topic, 0, gone)]).values():
-            future.result(30)
-        s.produce(rest)
-        with pytest.raises(Exception, match="InconsistentLog"):
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    assert "from its start" in s.said[-1] and (
-        f"the saved point starts at offset {offsets[0]}" in s.said[-1]), s.said[-1]
