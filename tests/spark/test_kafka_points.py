@@ -5,6 +5,7 @@ partition holds, never inside a baseline that is not whole."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,6 +96,40 @@ def test_a_lost_marker_or_a_foreign_message_is_refused() -> None:
         _scan()._take(1, 7, b"plain text", headers)
 
 
+class _TopicPartition:
+    """confluent_kafka.TopicPartition's stand-in."""
+
+    def __init__(self, topic: str, partition: int, offset: int = -1) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+class _Message:
+    """A consumed message's stand-in."""
+
+    def __init__(self, partition: int, offset: int, value: bytes, headers: Any = None
+                 ) -> None:
+        self._p, self._o, self._value, self._headers = partition, offset, value, headers
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> Any:
+        return self._headers
+
+
+# What ``topic_consumer`` yields as the confluent_kafka module: its TopicPartition.
+_CK = SimpleNamespace(TopicPartition=_TopicPartition)
+
+
 def test_a_partition_stuck_below_its_end_times_out_while_others_keep_growing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Partition 0 never reaches its end (a gap no position covers) while partition 1,
@@ -108,63 +143,38 @@ def test_a_partition_stuck_below_its_end_times_out_while_others_keep_growing(
     from replay.spark._kafka import NATIVE_MAGIC
     from sinks.kafka import KafkaUnavailable
 
-    class Message:
-        def __init__(self, partition: int, offset: int) -> None:
-            self._p, self._o = partition, offset
-
-        def error(self) -> None:
-            return None
-
-        def partition(self) -> int:
-            return self._p
-
-        def offset(self) -> int:
-            return self._o
-
-        def value(self) -> bytes:
-            return NATIVE_MAGIC + b"an event: skipped by its first bytes"
-
-        def headers(self) -> None:
-            return None
-
-    class TopicPartition:
-        def __init__(self, topic: str, partition: int, offset: int = -1) -> None:
-            self.topic, self.partition, self.offset = topic, partition, offset
+    skipped = NATIVE_MAGIC + b"an event: skipped by its first bytes"
 
     class Consumer:
         def __init__(self) -> None:
             self.calls, self.paused, self.next = 0, set[int](), {0: 0, 1: 0}
 
-        def assign(self, parts: list[TopicPartition]) -> None:
+        def assign(self, parts: list[_TopicPartition]) -> None:
             pass
 
-        def pause(self, parts: list[TopicPartition]) -> None:
+        def pause(self, parts: list[_TopicPartition]) -> None:
             self.paused.update(tp.partition for tp in parts)
 
-        def consume(self, count: int, timeout: float) -> list[Message]:
+        def consume(self, count: int, timeout: float) -> list[_Message]:
             self.calls += 1
             assert self.calls < 2000, "the look spun on messages past the ends"
             time.sleep(0.001)  # (a real consume waits for messages)
             out = []
             if self.next[0] < 3:  # partition 0: offsets 0..2 of its end 5, then nothing
-                out.append(Message(0, self.next[0]))
+                out.append(_Message(0, self.next[0], skipped))
                 self.next[0] += 1
-            out.append(Message(1, self.next[1]))  # partition 1: new messages, always
+            out.append(_Message(1, self.next[1], skipped))  # partition 1: new messages, always
             self.next[1] += 1
             return out
 
-        def position(self, parts: list[TopicPartition]) -> list[TopicPartition]:
-            return [TopicPartition("t", tp.partition, 3) for tp in parts]
+        def position(self, parts: list[_TopicPartition]) -> list[_TopicPartition]:
+            return [_TopicPartition("t", tp.partition, 3) for tp in parts]
 
-    class Ck:
-        pass
-
-    Ck.TopicPartition = TopicPartition  # type: ignore[attr-defined]
     consumer = Consumer()
 
     @contextlib.contextmanager
     def fake(*args: Any, **kwargs: Any) -> Any:
-        yield Ck, consumer, [0, 0], [5, 2]
+        yield _CK, consumer, [0, 0], [5, 2]
 
     monkeypatch.setattr(points, "topic_consumer", fake)
     scan = TopicScan("kafka://127.0.0.1:1/t")
@@ -284,52 +294,25 @@ class _Held:
 
         held = self
 
-        class TopicPartition:
-            def __init__(self, topic: str, partition: int, offset: int = -1) -> None:
-                self.topic, self.partition, self.offset = topic, partition, offset
-
-        class Message:
-            def __init__(self, partition: int, offset: int) -> None:
-                self._p, self._o = partition, offset
-
-            def error(self) -> None:
-                return None
-
-            def partition(self) -> int:
-                return self._p
-
-            def offset(self) -> int:
-                return self._o
-
-            def value(self) -> bytes:
-                return held.messages[self._p][self._o][0]
-
-            def headers(self) -> Any:
-                return held.messages[self._p][self._o][1]
-
         class Consumer:
             def __init__(self) -> None:
                 self.at: dict[int, int] = {}
 
-            def assign(self, parts: list[TopicPartition]) -> None:
+            def assign(self, parts: list[_TopicPartition]) -> None:
                 self.at = {tp.partition: tp.offset for tp in parts}
                 held.assigned = [self.at.get(p, -1) for p in range(PARTITIONS)]
 
-            def pause(self, parts: list[TopicPartition]) -> None:
+            def pause(self, parts: list[_TopicPartition]) -> None:
                 pass
 
-            def consume(self, count: int, timeout: float) -> list[Message]:
-                out = [Message(p, o) for p, first in self.at.items()
+            def consume(self, count: int, timeout: float) -> list[_Message]:
+                out = [_Message(p, o, *held.messages[p][o]) for p, first in self.at.items()
                        for o in range(first, len(held.messages[p]))]
                 self.at = {p: len(held.messages[p]) for p in self.at}
                 return out
 
-        class Ck:
-            pass
-
-        Ck.TopicPartition = TopicPartition  # type: ignore[attr-defined]
         ends = [len(held.messages[p]) for p in range(PARTITIONS)]
-        return contextlib.nullcontext((Ck, Consumer(), list(self.low), ends))
+        return contextlib.nullcontext((_CK, Consumer(), list(self.low), ends))
 
 
 def test_a_restarted_look_starts_at_the_saved_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
