@@ -14,7 +14,8 @@ Needs ``cdc-agent[spark]``. Spark runs in local mode (``--master``) unless told
 otherwise; ``--conf KEY=VALUE`` passes Spark settings (for Delta Lake: its jars and
 ``spark.sql.extensions``; for a ``kafka://`` topic: the spark-sql-kafka jars; see
 docs/spark.md). Progress goes to stderr; the exit status
-is 1 when the log is inconsistent, 2 when it cannot be read.
+is 1 when the log is inconsistent, 2 when it cannot be read or Spark ran out of memory
+(one line naming the setting to raise, not the JVM's stack trace).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        from py4j.protocol import Py4JError
+
         from replay import InconsistentLog
         from replay.spark import LogReplay, write_changesets, write_state
         from sinks import SinkError
@@ -140,11 +143,31 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, Wal3Error, SinkError) as exc:  # SinkError: Kafka's
         _say(f"cannot replay {args.uri}: {type(exc).__name__}: {exc}")
         return 2
+    except Py4JError as exc:  # the JVM's own failure: out of memory said plainly
+        hint = _out_of_memory(str(exc), args)
+        if not hint:
+            raise
+        _say(hint)
+        return 2
     finally:
         if ours:
             spark.stop()
     _say(f"done in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _out_of_memory(text: str, args: argparse.Namespace) -> str:
+    """What to say when Spark failed with ``text`` because the JVM ran out of heap ("":
+    another failure). In local mode the executors share the driver's heap, 1g unless
+    ``spark.driver.memory`` says otherwise: about 1M events of log fit in it."""
+    if "java.lang.OutOfMemoryError" not in text:
+        return ""
+    given = next((c.partition("=")[2] for c in args.conf
+                  if c.partition("=")[0].strip() == "spark.driver.memory"), None)
+    now = f"it is {given}" if given else "Spark's default is 1g"
+    return (f"Spark ran out of memory replaying {args.uri} ({now}; in local mode the "
+            "executors share the driver's heap): start again with a larger "
+            "--conf spark.driver.memory=8g (or more executors' memory on a cluster)")
 
 
 def _await(query: Any) -> bool:
@@ -186,6 +209,10 @@ def _stream(spark: Any, args: argparse.Namespace) -> int:
         _say("interrupted: stopping (start again with the same --checkpoint to go on)")
     except StreamingQueryException as exc:
         text = str(exc)
+        hint = _out_of_memory(text, args)
+        if hint:
+            _say(hint)
+            return 2
         inconsistent = "InconsistentLog" in text
         line = next((x for x in text.splitlines() if "InconsistentLog" in x), text[:500])
         _say(("INCONSISTENT: " if inconsistent else "the stream failed: ") + line.strip())

@@ -14,6 +14,7 @@ Also the Python assembler over the same log (``read_log`` into ``Assembler.repla
 final state). ``--events`` accepts several sizes (1M vs 4M: time should grow linearly).
 
     python3 -m bench.spark_replay [--events 1000000 4000000] [--cells 100000]
+        [--driver-memory 6g]
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=100_000)
     parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
     parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "cdc-bench-spark"))
+    parser.add_argument("--driver-memory", default="6g",
+                        help="spark.driver.memory (local mode: the executors' heap too; "
+                             "Spark's 1g runs out at 4M events)")
     args = parser.parse_args()
     from tests.services.spark import start_session
 
@@ -140,7 +144,8 @@ def main() -> None:
     results: dict[tuple[str, int], tuple[float, float]] = {}
     for master in args.masters:
         started = time.perf_counter()
-        spark = start_session(master, shuffle_partitions=8, app="cdc-agent bench")
+        spark = start_session(master, shuffle_partitions=8, app="cdc-agent bench",
+                              **{"spark.driver.memory": args.driver_memory})
         print(f"{master}: session start {time.perf_counter() - started:.1f} s")
         for events, uri in logs.items():
             floor(spark, uri)  # warm: JIT, Python workers, file listing caches

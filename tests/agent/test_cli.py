@@ -259,3 +259,37 @@ def test_ctrl_c_during_a_spark_stream_stops_the_query_cleanly() -> None:
     ended = Query(interrupt_at=None)
     assert _await(ended) is False and ended.calls == 3
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_spark_out_of_memory_is_one_line_naming_the_setting(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The JVM running out of heap (seen replaying 4M events with Spark's default 1g)
+    ends ``cdc-agent spark`` with exit 2 and a line naming spark.driver.memory, the
+    value given if any; any other JVM failure is not called a memory problem."""
+    from py4j.protocol import Py4JError
+
+    import agent._cli_spark as cli_spark
+    import replay.spark
+    from agent.cli import main
+
+    failure = "An error occurred while calling o123.collectToPython.\n: java.lang.Out"
+    raised: list[Exception] = []
+
+    class Replay:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise raised[0]
+
+    monkeypatch.setattr(cli_spark, "_session", lambda args: (object(), False))
+    monkeypatch.setattr(replay.spark, "LogReplay", Replay)
+    raised.append(Py4JError(failure + "OfMemoryError: Java heap space"))
+    assert main(["spark", "verify", "file:///nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "ran out of memory" in err and "--conf spark.driver.memory=8g" in err
+    assert "default is 1g" in err and "Java heap space" not in err
+    assert main(["spark", "verify", "file:///nowhere", "--conf",
+                 "spark.driver.memory=2g"]) == 2
+    assert "it is 2g" in capsys.readouterr().err
+    raised[0] = Py4JError(failure + "putStreamError")  # not memory: not ours to explain
+    assert main(["spark", "verify", "file:///nowhere"]) != 0
+    err = capsys.readouterr().err
+    assert "Py4JError" in err and "memory" not in err
