@@ -103,8 +103,6 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        from py4j.protocol import Py4JError
-
         from replay import InconsistentLog
         from replay.spark import LogReplay, write_changesets, write_state
         from sinks import SinkError
@@ -115,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     _say(f"starting Spark ({args.master})")
     spark, ours = _session(args)
+    from py4j.protocol import Py4JError  # (PySpark's, there once a session is)
+
     _say(f"Spark up in {time.monotonic() - started:.1f} s; reading {args.uri}")
     try:
         if args.spark_command == "stream":

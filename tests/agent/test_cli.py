@@ -293,3 +293,15 @@ def test_spark_out_of_memory_is_one_line_naming_the_setting(
     assert main(["spark", "verify", "file:///nowhere"]) != 0
     err = capsys.readouterr().err
     assert "Py4JError" in err and "memory" not in err
+
+
+def test_spark_without_the_extra_names_the_extra() -> None:
+    """Without PySpark (and its py4j) installed, ``cdc-agent spark`` says which extra to
+    install, exit 2, not a bare ModuleNotFoundError."""
+    code = ("import sys; sys.modules['pyspark'] = sys.modules['py4j'] = None\n"
+            "from agent.cli import main\n"
+            "sys.exit(main(['spark', 'verify', 'file:///nowhere']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "cdc-agent[spark]" in out.stderr and "Traceback" not in out.stderr
