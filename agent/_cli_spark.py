@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -140,20 +141,53 @@ def _run(args: argparse.Namespace) -> int:
     except InconsistentLog as exc:
         _say(f"INCONSISTENT: {exc}")
         return 1
-    except (OSError, ValueError, Wal3Error, SinkError) as exc:  # SinkError: Kafka's
-        _say(f"cannot replay {args.uri}: {type(exc).__name__}: {exc}")
-        return 2
-    except Py4JError as exc:  # the JVM's own failure: out of memory said plainly
-        hint = _out_of_memory(str(exc), args)
-        if not hint:
+    except (OSError, ValueError, Wal3Error, SinkError, Py4JError) as exc:  # SinkError: Kafka's
+        # The JVM's own failures first: out of heap (said in the error, or the JVM
+        # exited with it and the call found no JVM to answer), or the JVM gone.
+        ended = _jvm_exit(spark) if isinstance(exc, (ConnectionError, Py4JError)) else None
+        ours = ours and ended is None  # (nothing left to stop)
+        said = _out_of_memory(str(exc), args) or _jvm_ended(ended, args)
+        if said:
+            _say(said)
+            return 2
+        if isinstance(exc, Py4JError):
             raise
-        _say(hint)
+        _say(f"cannot replay {args.uri}: {type(exc).__name__}: {exc}")
         return 2
     finally:
         if ours:
             spark.stop()
     _say(f"done in {time.monotonic() - started:.1f} s")
     return 0
+
+
+# Spark's exit status for a JVM that an OutOfMemoryError ended (SparkExitCode.OOM).
+_JVM_OUT_OF_MEMORY = 52
+
+
+def _jvm_exit(spark: Any) -> int | None:
+    """The exit status of the session's JVM if it ended (None: running, or not ours to
+    see). A JVM that died mid-call takes a moment to be reaped: wait a little."""
+    try:  # (a Spark Connect session has no context, nor a JVM of ours)
+        proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    except Exception:
+        return None
+    if proc is None:
+        return None
+    try:
+        return int(proc.wait(timeout=3))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _jvm_ended(status: int | None, args: argparse.Namespace) -> str:
+    """What to say when the JVM ended with ``status`` during the replay ("": it did not)."""
+    if status is None:
+        return ""
+    if status == _JVM_OUT_OF_MEMORY:
+        return _out_of_memory("java.lang.OutOfMemoryError", args)
+    return (f"Spark's JVM ended (exit status {status}) while replaying {args.uri}: "
+            "its own messages above say why")
 
 
 def _out_of_memory(text: str, args: argparse.Namespace) -> str:

@@ -266,6 +266,8 @@ def test_spark_out_of_memory_is_one_line_naming_the_setting(
     """The JVM running out of heap (seen replaying 4M events with Spark's default 1g)
     ends ``cdc-agent spark`` with exit 2 and a line naming spark.driver.memory, the
     value given if any; any other JVM failure is not called a memory problem."""
+    from types import SimpleNamespace
+
     from py4j.protocol import Py4JError
 
     import agent._cli_spark as cli_spark
@@ -289,6 +291,31 @@ def test_spark_out_of_memory_is_one_line_naming_the_setting(
     assert main(["spark", "verify", "file:///nowhere", "--conf",
                  "spark.driver.memory=2g"]) == 2
     assert "it is 2g" in capsys.readouterr().err
+    # In real runs the JVM usually dies of it (exit status 52) and the call only finds
+    # no JVM there: said the same way, and the dead session is not stopped again.
+    class Proc:
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+        def wait(self, timeout: float) -> int:
+            return self.status
+
+    class Session:
+        def __init__(self, status: int) -> None:
+            self.sparkContext = SimpleNamespace(_gateway=SimpleNamespace(proc=Proc(status)))
+            self.stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    for status, said in ((52, "--conf spark.driver.memory=8g"), (1, "exit status 1")):
+        session = Session(status)
+        monkeypatch.setattr(cli_spark, "_session", lambda args, s=session: (s, True))
+        raised[0] = ConnectionRefusedError(111, "Connection refused")
+        assert main(["spark", "verify", "file:///nowhere"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Connection refused" not in err and not session.stopped
+    monkeypatch.setattr(cli_spark, "_session", lambda args: (object(), False))
     raised[0] = Py4JError(failure + "putStreamError")  # not memory: not ours to explain
     assert main(["spark", "verify", "file:///nowhere"]) != 0
     err = capsys.readouterr().err
