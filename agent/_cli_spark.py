@@ -198,10 +198,11 @@ def _out_of_memory(text: str, args: argparse.Namespace) -> str:
         return ""
     given = next((c.partition("=")[2] for c in args.conf
                   if c.partition("=")[0].strip() == "spark.driver.memory"), None)
-    now = f"it is {given}" if given else "Spark's default is 1g"
-    return (f"Spark ran out of memory replaying {args.uri} ({now}; in local mode the "
-            "executors share the driver's heap): start again with a larger "
-            "--conf spark.driver.memory=8g (or more executors' memory on a cluster)")
+    now = f"it is {given}" if given else "unset here, Spark's default is 1g"
+    more = (f"more than {given}" if given else "8g") + " (--conf spark.driver.memory=...)"
+    return (f"Spark ran out of memory replaying {args.uri} (spark.driver.memory: {now}; "
+            f"in local mode the executors share the driver's heap): start again with "
+            f"{more}, or give the executors more memory on a cluster")
 
 
 def _await(query: Any) -> bool:
