@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agent import Agent, MemoryStore
@@ -52,3 +53,32 @@ def check_agent_round_trip(sink: Any, read_back: Any, *, threads: int = 4,
         assert bits(snap.state) == seen[(snap.domain_id, snap.epoch_seq)], (
             f"state at epoch {snap.epoch_seq} differs from the store's")
     assert bits(snapshots[-1].state) == bits(store.snapshot()), "final state differs"
+
+
+@dataclass
+class ConsumedMessage:
+    """A confluent-kafka consumed message's stand-in (what consumers read of one)."""
+
+    partition_: int
+    offset_: int
+    key_: bytes | None
+    value_: bytes | None
+    headers_: Any = None
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self.partition_
+
+    def offset(self) -> int:
+        return self.offset_
+
+    def key(self) -> bytes | None:
+        return self.key_
+
+    def value(self) -> bytes | None:
+        return self.value_
+
+    def headers(self) -> Any:
+        return self.headers_

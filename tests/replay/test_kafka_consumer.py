@@ -4,7 +4,6 @@ from, and a poll that meets a damaged epoch after good ones."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from replay import Frontier, InconsistentLog, Position, _kafka_consumer
 from replay._kafka_consumer import KafkaConsistentConsumer, furthest
 from replay.kafka import KafkaLog, aconsume_consistent, consume_consistent
 from sinks.codec import decode_native_event as decode_event
+from tests.helpers import ConsumedMessage
 from tests.sinks.kafka._simulate import Run, captured_run, simulate_topic
 
 
@@ -30,43 +30,16 @@ def test_resume_picks_the_furthest_token_not_the_longest() -> None:
     assert [(p.domain_id, p.epoch_seq) for p in two] == [(0xA, 4), (0xB, 7)]
 
 
-@dataclass
-class _Message:
-    partition_: int
-    offset_: int
-    key_: bytes | None
-    value_: bytes | None
-    headers_: Any
-
-    def error(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self.partition_
-
-    def offset(self) -> int:
-        return self.offset_
-
-    def key(self) -> bytes | None:
-        return self.key_
-
-    def value(self) -> bytes | None:
-        return self.value_
-
-    def headers(self) -> Any:
-        return self.headers_
-
-
 class _FakeConsumer:
-    def __init__(self, messages: list[_Message]) -> None:
+    def __init__(self, messages: list[ConsumedMessage]) -> None:
         self.messages = messages
 
-    def consume(self, limit: int, timeout: float) -> list[_Message]:
+    def consume(self, limit: int, timeout: float) -> list[ConsumedMessage]:
         taken, self.messages = self.messages[:limit], self.messages[limit:]
         return taken
 
 
-def _consumer(messages: list[_Message], partitions: int) -> KafkaConsistentConsumer:
+def _consumer(messages: list[ConsumedMessage], partitions: int) -> KafkaConsistentConsumer:
     """A consumer around a fake librdkafka consumer that hands out ``messages``."""
     consumer = object.__new__(KafkaConsistentConsumer)
     consumer._consumer = _FakeConsumer(messages)  # type: ignore[assignment]
@@ -86,11 +59,11 @@ def run() -> Run:
     return captured_run(seed=21, threads=2, batches=60)
 
 
-def _damaged(run: Run) -> list[_Message]:
+def _damaged(run: Run) -> list[ConsumedMessage]:
     """The run's topic (2 partitions, in order) with an event late in partition 0
     altered: its epoch's setsum no longer matches."""
     topic = simulate_topic(run.items, 2, "native")
-    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
+    messages = [ConsumedMessage(p, i, k, v, h) for p, msgs in enumerate(topic)
                 for i, (k, v, h) in enumerate(msgs)]
     random.Random(3).shuffle(messages)
     messages.sort(key=lambda m: (m.offset_ * 2 + m.partition_))  # both partitions in order
@@ -123,7 +96,7 @@ def test_a_poll_that_meets_damage_hands_out_the_good_changesets_first(run: Run) 
         consumer.poll(0)  # stays failed: nothing after the damage can be verified
 
 
-def _consumer_to_the_end(messages: list[_Message], monkeypatch: pytest.MonkeyPatch
+def _consumer_to_the_end(messages: list[ConsumedMessage], monkeypatch: pytest.MonkeyPatch
                          ) -> KafkaConsistentConsumer:
     """``consume_consistent``'s consumer: the fake one, with the topic's end offsets."""
     consumer = _consumer(messages, 2)
@@ -160,12 +133,12 @@ async def test_async_until_end_raises_a_fault_met_after_the_last_changesets(
 class _PausingConsumer(_FakeConsumer):
     """Hands out messages of unpaused partitions only, like librdkafka after pause()."""
 
-    def __init__(self, messages: list[_Message]) -> None:
+    def __init__(self, messages: list[ConsumedMessage]) -> None:
         super().__init__(messages)
         self.paused: set[int] = set()
         self.calls: list[tuple[str, list[int]]] = []
 
-    def consume(self, limit: int, timeout: float) -> list[_Message]:
+    def consume(self, limit: int, timeout: float) -> list[ConsumedMessage]:
         taken = [m for m in self.messages if m.partition_ not in self.paused][:limit]
         ids = {id(m) for m in taken}
         self.messages = [m for m in self.messages if id(m) not in ids]
@@ -181,12 +154,12 @@ class _PausingConsumer(_FakeConsumer):
 
 
 def _partition_0_first(run: Run
-                       ) -> tuple[KafkaConsistentConsumer, _PausingConsumer, list[_Message]]:
+                       ) -> tuple[KafkaConsistentConsumer, _PausingConsumer, list[ConsumedMessage]]:
     """A consumer whose librdkafka hands over all of partition 0 first, and pauses."""
     import confluent_kafka
 
     topic = simulate_topic(run.items, 2, "native")
-    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
+    messages = [ConsumedMessage(p, i, k, v, h) for p, msgs in enumerate(topic)
                 for i, (k, v, h) in enumerate(msgs)]
     consumer = _consumer(messages, 2)
     fake = _PausingConsumer(messages)
@@ -228,7 +201,8 @@ def test_a_paused_partition_is_resumed_once_it_holds_the_cut_back(run: Run) -> N
     cut0, cut1 = len(topic[0]) * 3 // 5, len(topic[1]) // 5
     order = [(0, 0, cut0), (1, 0, cut1), (2, 0, len(topic[2])), (1, cut1, len(topic[1])),
              (0, cut0, len(topic[0]))]
-    messages = [_Message(p, i, *topic[p][i]) for p, lo, hi in order for i in range(lo, hi)]
+    messages = [ConsumedMessage(p, i, *topic[p][i])
+                for p, lo, hi in order for i in range(lo, hi)]
     consumer = _consumer(messages, 3)
     fake = consumer._consumer = _PausingConsumer(messages)  # type: ignore[assignment]
     consumer._ck = confluent_kafka
@@ -268,12 +242,12 @@ def test_a_bound_on_waiting_events_pauses_too(run: Run) -> None:
 class _Chunks(_FakeConsumer):
     """Records what each consume call asked for; fails once when told to."""
 
-    def __init__(self, messages: list[_Message]) -> None:
+    def __init__(self, messages: list[ConsumedMessage]) -> None:
         super().__init__(messages)
         self.calls: list[tuple[int, float, int]] = []  # (limit, timeout, handed over)
         self.fail_at: int | None = None  # the call that raises
 
-    def consume(self, limit: int, timeout: float) -> list[_Message]:
+    def consume(self, limit: int, timeout: float) -> list[ConsumedMessage]:
         if self.fail_at == len(self.calls):
             import confluent_kafka
 
@@ -294,7 +268,7 @@ def test_a_poll_reads_librdkafka_in_chunks_up_to_its_limit(
     ``max_messages``, and hands out what one read of them all would; a chunk that fails
     after others keeps what was read (the next poll meets the error again)."""
     topic = simulate_topic(run.items, 2, "native")
-    messages = [_Message(p, i, k, v, h) for p, msgs in enumerate(topic)
+    messages = [ConsumedMessage(p, i, k, v, h) for p, msgs in enumerate(topic)
                 for i, (k, v, h) in enumerate(msgs)]
     messages.sort(key=lambda m: (m.offset_ * 2 + m.partition_))
     whole = _consumer(list(messages), 2)

@@ -17,7 +17,8 @@ import replay._kafka_poll as kafka_poll
 from agent import Agent, MemoryStore
 from replay import InconsistentLog
 from sinks import RecordingSink
-from tests.replay.test_kafka_consumer import _consumer, _FakeConsumer, _Message
+from tests.helpers import ConsumedMessage
+from tests.replay.test_kafka_consumer import _consumer, _FakeConsumer
 from tests.replay.test_kafka_log import _damaged_topic
 from tests.sinks.kafka._simulate import captured_run, simulate_topic
 
@@ -58,15 +59,15 @@ def _items(batch: int) -> list[Any]:
 class _PollSizes(_FakeConsumer):
     """librdkafka's hand-over: polls of random sizes."""
 
-    def __init__(self, messages: list[_Message], rng: random.Random) -> None:
+    def __init__(self, messages: list[ConsumedMessage], rng: random.Random) -> None:
         super().__init__(messages)
         self.rng = rng
 
-    def consume(self, limit: int, timeout: float) -> list[_Message]:
+    def consume(self, limit: int, timeout: float) -> list[ConsumedMessage]:
         return super().consume(min(limit, self.rng.choice([1, 3, 20, 90, 150])), timeout)
 
 
-def _interleaved(topic: list[list[Any]], rng: random.Random) -> list[_Message]:
+def _interleaved(topic: list[list[Any]], rng: random.Random) -> list[ConsumedMessage]:
     """Each partition in order, partitions interleaved in runs of random length."""
     nxt = [0] * len(topic)
     out = []
@@ -77,11 +78,11 @@ def _interleaved(topic: list[list[Any]], rng: random.Random) -> list[_Message]:
         p = rng.choice(open_parts)
         for _ in range(rng.choice([1, 5, 40, 300])):
             if nxt[p] < len(topic[p]):
-                out.append(_Message(p, nxt[p], *topic[p][nxt[p]]))
+                out.append(ConsumedMessage(p, nxt[p], *topic[p][nxt[p]]))
                 nxt[p] += 1
 
 
-def _drive(messages: list[_Message], partitions: int, seed: int
+def _drive(messages: list[ConsumedMessage], partitions: int, seed: int
            ) -> tuple[list[Any], str | None]:
     """Poll a fake consumer to the end: the changesets, then the error (if any)."""
     consumer = _consumer(list(messages), partitions)
@@ -190,8 +191,8 @@ class _FatalError:
         return "broker fenced the consumer"
 
 
-class _Broken(_Message):
-    def error(self) -> Any:  # type: ignore[override]
+class _Broken(ConsumedMessage):
+    def error(self) -> Any:
         return _FatalError()
 
 
@@ -203,7 +204,7 @@ def test_a_fatal_error_mid_poll_comes_after_the_changesets_before_it() -> None:
     from sinks.kafka import KafkaSinkError
 
     topic = simulate_topic(_items(1), 1, "native")
-    messages = [_Message(0, i, *m) for i, m in enumerate(topic[0])]
+    messages = [ConsumedMessage(0, i, *m) for i, m in enumerate(topic[0])]
     half = len(messages) // 2
     broken = [*messages[:half], _Broken(0, half, None, None, None), *messages[half:]]
     consumer = _consumer(broken, 1)

@@ -24,6 +24,7 @@ from sinks.codec import (
     encode_epoch,
     encode_snapshot,
 )
+from tests.helpers import ConsumedMessage
 
 pytestmark = pytest.mark.spark
 
@@ -103,29 +104,6 @@ class _TopicPartition:
         self.topic, self.partition, self.offset = topic, partition, offset
 
 
-class _Message:
-    """A consumed message's stand-in."""
-
-    def __init__(self, partition: int, offset: int, value: bytes, headers: Any = None
-                 ) -> None:
-        self._p, self._o, self._value, self._headers = partition, offset, value, headers
-
-    def error(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> Any:
-        return self._headers
-
-
 # What ``topic_consumer`` yields as the confluent_kafka module: its TopicPartition.
 _CK = SimpleNamespace(TopicPartition=_TopicPartition)
 
@@ -155,15 +133,15 @@ def test_a_partition_stuck_below_its_end_times_out_while_others_keep_growing(
         def pause(self, parts: list[_TopicPartition]) -> None:
             self.paused.update(tp.partition for tp in parts)
 
-        def consume(self, count: int, timeout: float) -> list[_Message]:
+        def consume(self, count: int, timeout: float) -> list[ConsumedMessage]:
             self.calls += 1
             assert self.calls < 2000, "the look spun on messages past the ends"
             time.sleep(0.001)  # (a real consume waits for messages)
             out = []
             if self.next[0] < 3:  # partition 0: offsets 0..2 of its end 5, then nothing
-                out.append(_Message(0, self.next[0], skipped))
+                out.append(ConsumedMessage(0, self.next[0], None, skipped))
                 self.next[0] += 1
-            out.append(_Message(1, self.next[1], skipped))  # partition 1: new messages, always
+            out.append(ConsumedMessage(1, self.next[1], None, skipped))  # partition 1: always new
             self.next[1] += 1
             return out
 
@@ -305,8 +283,9 @@ class _Held:
             def pause(self, parts: list[_TopicPartition]) -> None:
                 pass
 
-            def consume(self, count: int, timeout: float) -> list[_Message]:
-                out = [_Message(p, o, *held.messages[p][o]) for p, first in self.at.items()
+            def consume(self, count: int, timeout: float) -> list[ConsumedMessage]:
+                out = [ConsumedMessage(p, o, None, *held.messages[p][o])
+                       for p, first in self.at.items()
                        for o in range(first, len(held.messages[p]))]
                 self.at = {p: len(held.messages[p]) for p in self.at}
                 return out
