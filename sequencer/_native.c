@@ -2349,6 +2349,118 @@ table_runs(PyObject *module, PyObject *lists)
     return result;
 }
 
+/* ---- tag_faults: sinks.codec's check of a column of tagged keys or values ----------- */
+
+/* Whether s[0:n] is UTF-8 as Python's strict decoder takes it (RFC 3629: no overlong
+ * form, no surrogate, nothing past U+10FFFF). */
+static int
+strict_utf8(const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t need;
+        unsigned char lo = 0x80, hi = 0xBF;  /* the first continuation byte's range */
+        if (c >= 0xC2 && c <= 0xDF)
+            need = 1;
+        else if (c == 0xE0)
+            need = 2, lo = 0xA0;
+        else if (c == 0xED)
+            need = 2, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF)
+            need = 2;
+        else if (c == 0xF0)
+            need = 3, lo = 0x90;
+        else if (c == 0xF4)
+            need = 3, hi = 0x8F;
+        else if (c >= 0xF1 && c <= 0xF3)
+            need = 3;
+        else
+            return 0;
+        if (n - i - 1 < need || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (Py_ssize_t k = 2; k <= need; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF)
+                return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* tag_faults(offsets, body, kind): one Arrow binary column (int32 offsets, count + 1 of
+ * them, and its data) checked as sinks.codec._check_tags does, in one pass: None when
+ * every entry is well formed, else (the first entry whose tag or length is wrong, or -1;
+ * whether a str entry is not UTF-8). kind 0: row keys; 1: values, empty (ABSENT) allowed;
+ * 2: values, never empty. */
+static PyObject *
+tag_faults(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "tag_faults(offsets, body, kind)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[2]);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    if (kind < 0 || kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (keys), 1 or 2 (values)");
+        return NULL;
+    }
+    Py_buffer offsets, body;
+    if (PyObject_GetBuffer(args[0], &offsets, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &body, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (offsets.len % 4 != 0 || offsets.len < 4) {
+        PyErr_SetString(PyExc_ValueError, "offsets must hold count + 1 int32 values");
+        goto done;
+    }
+    Py_ssize_t count = offsets.len / 4 - 1;
+    const int32_t *at = (const int32_t *)offsets.buf;
+    const unsigned char *data = (const unsigned char *)body.buf;
+    Py_ssize_t bad_tag = -1;
+    int bad_text = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t a = at[i], b = at[i + 1];
+        if (a < 0 || b < a || b > body.len) {
+            PyErr_Format(PyExc_ValueError, "entry %zd [%d, %d) is not inside the data of "
+                         "%zd bytes", i, (int)a, (int)b, body.len);
+            goto done;
+        }
+        Py_ssize_t length = b - a;
+        int ok;
+        if (length == 0) {
+            ok = kind == 1;
+        } else {
+            unsigned char tag = data[a];
+            if (kind == 0)
+                ok = (tag == 0x02 && length == 9) || tag == 0x04;
+            else
+                ok = (tag == 0x00 && length == 1)
+                     || (tag == 0x01 && length == 2 && data[a + 1] <= 1)
+                     || ((tag == 0x02 || tag == 0x03) && length == 9)
+                     || tag == 0x04 || tag == 0x05;
+            if (tag == 0x04 && !bad_text && !strict_utf8(data + a + 1, length - 1))
+                bad_text = 1;
+        }
+        if (!ok && bad_tag < 0)
+            bad_tag = i;
+    }
+    out = (bad_tag < 0 && !bad_text) ? Py_NewRef(Py_None)
+                                     : Py_BuildValue("(nO)", bad_tag, bad_text ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&body);
+    return out;
+}
+
 /* ---- the module ---------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -2366,6 +2478,10 @@ static PyMethodDef module_methods[] = {
     {"sha3_slices", (PyCFunction)(void (*)(void))sha3_slices, METH_FASTCALL,
      "sha3_slices(body, bounds): the SHA3-256 digests of body[bounds[i]:bounds[i + 1]], "
      "concatenated (bounds: a contiguous int64 array); the GIL is released meanwhile."},
+    {"tag_faults", (PyCFunction)(void (*)(void))tag_faults, METH_FASTCALL,
+     "tag_faults(offsets, body, kind): a column of tagged keys (kind 0) or values (1: "
+     "ABSENT allowed, 2: not) checked as sinks.codec does: None, or (first entry with a "
+     "wrong tag or length or -1, whether a str entry is not UTF-8)."},
     {"event_list", event_list, METH_NOARGS,
      "event_list(): a new empty list untracked by the collector (a batch's events)."},
     {"event_columns", event_columns, METH_O,
