@@ -466,9 +466,9 @@ class Assembler:
         if not data.num_rows:
             return
         domains = data.column(0)
-        first = domains[0].as_py()
-        if pc.all(pc.equal(domains, first)).as_py():
-            self._domain(first).chunks.append(data)
+        ids = domains.to_numpy(zero_copy_only=False)
+        if (ids == ids[0]).all():  # the usual case: numpy, a few us less than pyarrow.compute
+            self._domain(int(ids[0])).chunks.append(data)
             return
         for domain_id in pc.unique(domains).to_pylist():
             self._domain(domain_id).chunks.append(data.filter(pc.equal(domains, domain_id)))
