@@ -109,3 +109,22 @@ def test_read_log_resumes_from_a_cursor(tmp_path: Path) -> None:
     assert_replays(first + rest, seen)
     events = [r for r in everything if isinstance(r, (EventBatch, ChangeEvent))]
     assert events
+
+
+def test_a_run_of_one_epoch_record_is_written_as_an_epoch_message(tmp_path: Path) -> None:
+    """Runs of one record become EPOCH messages (small, fast to read), longer runs stay
+    EPOCHS; reading the log gives the records the runs held, in order."""
+    from sinks.codec import KIND_EPOCH, KIND_EPOCHS, EpochRun
+
+    records_in = [EpochRecord(7, seq, seq * 10, seq * 10 + 10, 1, seq % 2 == 0,
+                              (("t", 1),), f"{seq:064x}", None if seq < 3 else 2)
+                  for seq in range(1, 5)]
+    sink = Wal3Sink(LocalStore(tmp_path / "log"))
+    sink.write_epochs(EpochRun.from_records(records_in[:1]))
+    sink.write_epochs(EpochRun.from_records(records_in[1:3]))
+    sink.write_epochs(EpochRun.from_records(records_in[3:]))
+    sink.close()
+    bodies = [r.body for r in LogReader(LocalStore(tmp_path / "log")).records()]
+    assert [body[4] for body in bodies] == [KIND_EPOCH, KIND_EPOCHS, KIND_EPOCH]
+    got = [r for item in read_log(f"file://{tmp_path / 'log'}") for r in records(item)]
+    assert got == records_in
