@@ -1,6 +1,7 @@
 """Streaming reads only what is new: each micro-batch resumes where the previous one
-saved (cells at its frontier, records from an offset), a restarted query too, and a
-save that does not match the table falls back to a replay from the start."""
+saved (cells at its frontier, records from an offset), a restarted query too (after a
+crash between a batch's write and Spark's commit, the first batch's or a resumed one's),
+and a save that does not match the table falls back to a replay from the start."""
 
 from __future__ import annotations
 
@@ -43,19 +44,22 @@ def test_micro_batches_resume_and_a_restart_neither_skips_nor_repeats(
 
     def crash_once(batch_id: int, rows: int) -> None:
         record(batch_id, rows)
-        if len(seen) == 2:
+        if len(seen) in (1, 3):
             raise RuntimeError("killed after the batch's write, before Spark's commit")
 
-    run(record)
+    with pytest.raises(Exception, match="killed after the batch"):
+        run(crash_once)  # the first micro-batch, from the start
     assert "from the start" in said[0] and seen[0][1] > 0
+    run(record)  # reruns that batch: the table already holds it, nothing twice
+    assert seen[1] == (seen[0][0], 0)
     second = write_log(path, domains=1, threads=2, batches=15, rows=15, seed=12,
                        uri=first.uri, table_prefix="more_")
     with pytest.raises(Exception, match="killed after the batch"):
         run(crash_once)  # resumed: reads the records after the first batch's point
     resumed = [int(m.group(1)) for s in said if (m := re.search(r"from offset (\d+)", s))]
-    assert resumed and resumed[0] > 0 and seen[1][1] > 0
+    assert resumed and resumed[0] > 0 and seen[2][1] > 0
     run(record)  # the restarted query reruns that batch: resumed, nothing written twice
-    assert seen[2] == (seen[1][0], 0) and "resumed at" in said[-1]
+    assert seen[3] == (seen[2][0], 0) and "resumed at" in said[-1]
     third = write_log(path, domains=1, threads=2, batches=10, rows=15, seed=13,
                       uri=first.uri, table_prefix="last_")
     # The newest save is lost (a batch cut short after writing): the one before does
