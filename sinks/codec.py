@@ -454,16 +454,15 @@ def tag_faults(offsets: np.ndarray, body: Any, kind: int) -> tuple[int, bool] | 
     its int32 ``offsets`` and data ``body``: None if every entry is well formed, else
     (the first entry whose tag or length is wrong, or -1; whether a str is not UTF-8).
     The reference for ``sequencer.NATIVE.tag_faults``."""
-    raw_offsets, raw_body = offsets, body
-    offsets = offsets.astype(np.int64)
-    body = np.frombuffer(body, dtype=np.uint8)
-    lengths = offsets[1:] - offsets[:-1]
+    bounds = offsets.astype(np.int64)
+    data = np.frombuffer(body, dtype=np.uint8)
+    lengths = bounds[1:] - bounds[:-1]
     present = lengths > 0
     tags = np.full(len(lengths), -1, dtype=np.int64)
-    tags[present] = body[offsets[:-1][present]]
+    tags[present] = data[bounds[:-1][present]]
     second = np.full(len(lengths), -1, dtype=np.int64)
     two = lengths >= 2
-    second[two] = body[offsets[:-1][two] + 1]
+    second[two] = data[bounds[:-1][two] + 1]
     fixed = (tags == 0x02) | (tags == 0x03)
     if kind == _KEYS:
         ok = ((tags == 0x02) & (lengths == 9)) | (tags == 0x04)
@@ -476,7 +475,7 @@ def tag_faults(offsets: np.ndarray, body: Any, kind: int) -> tuple[int, bool] | 
     text = np.flatnonzero(tags == 0x04)
     if len(text):
         column = pa.Array.from_buffers(pa.binary(), len(lengths), [
-            None, pa.py_buffer(raw_offsets), pa.py_buffer(raw_body)])
+            None, pa.py_buffer(offsets), pa.py_buffer(body)])
         try:
             pc.binary_slice(column.take(pa.array(text)), 1, 2**31 - 1).cast(pa.utf8())
         except pa.ArrowInvalid:
