@@ -17,6 +17,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from typing import TYPE_CHECKING
 
+from replay.spark._worker_imports import in_spark_worker, lazy_zip_invalidation
+
+if in_spark_worker():  # executor-side code of this package runs there (mapInArrow)
+    lazy_zip_invalidation()
+
 from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._output import applied_frontier, write_changesets, write_state
