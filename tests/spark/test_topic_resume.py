@@ -241,6 +241,35 @@ def test_micro_batches_resume_from_the_saved_offsets_and_still_refuse_a_lost_eve
         f"the saved point starts at offset {kept}" in s.said[-1]), s.said[-1]
 
 
+def test_retention_before_the_saved_offsets_does_not_stop_a_resume(
+        spark: Any, kafka_broker: KafkaBroker, rounds: Rounds, tmp_path: Path) -> None:
+    """After batch 0 saved its point, every partition loses its messages up to the saved
+    offset (deleteRecords, as retention would): everything the point stands for. The
+    rest of A and all of B arrive; the restarted query resumes from the saved offsets
+    (the topic still holds them) and the table composes to the store's state at every
+    point of both rounds."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    s = Stream(spark, kafka_broker, tmp_path, "retained")
+    half, rest = rounds.half_of_a()
+    s.produce(half)
+    s.run()
+    offsets = json.loads(s.saved()["offsets"])
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    gone = [TopicPartition(s.topic, p, o) for p, o in enumerate(offsets) if o > 0]
+    assert gone, offsets
+    for future in admin.delete_records(gone).values():
+        future.result(30)
+    s.produce([*rest, *(m for p in range(3) for m in rounds.second[p])])
+    s.run()
+    resumed = [said for said in s.said[1:] if "resumed at" in said]
+    assert resumed and not any("not resumed" in said for said in s.said[1:]), s.said
+    assert s.span(resumed[0])[1] == offsets
+    check_streamed(s.rows(), [rounds.a, rounds.b],
+                   python={**rounds.a.final, **rounds.b.final})
+
+
 def test_a_saved_point_of_another_version_topic_or_encoding_is_not_loaded(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``load_topic_resume`` takes the newest saved point only if it is a version-1
