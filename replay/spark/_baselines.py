@@ -35,6 +35,7 @@ from sequencer import EpochRecord
 from sinks.codec import SnapshotChunk, decode_key, encode_key
 
 __all__ = ["COVERS", "Baseline", "BaselineTable", "ChunkHeader", "build_baselines",
+           "points_a_cut_needs",
            "chunk_header", "covering_chunks", "row_order"]
 
 # One row per (row of the events, baseline covering it): the chunk's quiescence point.
@@ -59,6 +60,20 @@ def _bound(bound: tuple[str, Any] | None) -> list[Any] | None:
         return None
     table, row = bound
     return [table, None if row is None else encode_key(row).hex()]
+
+
+def points_a_cut_needs(points: list[tuple[int, int]], start: int | None
+                       ) -> list[tuple[int, int]]:
+    """Of one domain's quiescence points ``(epoch_seq, end_id)`` (in order), those a
+    stream's cut can still use: the last one, and the last one before the start of the
+    domain's first baseline (``start``: its first chunk's point). ``start`` None (no
+    chunk of the domain seen yet): the last two, since a log holds a chunk right after
+    its point and before the next point, so a first chunk seen later starts at the last
+    point or after it. The streams keep only these (``_stream``, ``_kafka_points``)."""
+    if start is None:
+        return points[-2:]
+    before = bisect.bisect_left(points, (start,))
+    return sorted({*points[max(before - 1, 0):before], *points[-1:]})
 
 
 def chunk_header(chunk: SnapshotChunk) -> str:

@@ -15,7 +15,8 @@ What is kept does not grow with the topic's history: once every partition vouche
 a domain's epoch, its markers (and those of the epochs before it) go, and the next
 check starts after it (``vouched_epochs(starts=...)``; a later copy of such a marker
 is a duplicate, skipped as before); of the chunk headers only those the cut reads stay
-(a domain's first chunk, and the last of that baseline).
+(a domain's first chunk, and the last of that baseline); of a domain's quiescence
+points, the few the cut can use (``_baselines.points_a_cut_needs``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from replay._errors import InconsistentLog
 from replay._position import Frontier, Position
+from replay.spark._baselines import points_a_cut_needs
 from replay.spark._kafka import (
     _CHUNK,
     _FOREIGN,
@@ -69,7 +71,7 @@ class TopicScan:
     taken: int = 0  # markers read in all
     # Each domain's last epoch every partition vouched for (its markers are gone) ...
     vouched: dict[int, Position] = field(default_factory=dict)
-    # ... and its quiescence points up to there, in order.
+    # ... and its quiescence points up to there that the cut can use, in order.
     points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     # Where the first look starts, if not at the first offsets held (``resume_from``).
     seed: list[int] | None = None
@@ -194,6 +196,11 @@ class TopicScan:
             if record.quiescent:
                 self.points.setdefault(d, []).append((record.epoch_seq, record.end_id))
             self.vouched[d] = Position(d, record.epoch_seq, record.end_id)
+        for d, points in self.points.items():  # only those the cut can use stay
+            if len(points) > 2:
+                first = next((c for c in self.chunks if c.domain_id == d), None)
+                self.points[d] = points_a_cut_needs(
+                    points, None if first is None else first.epoch_seq)
         # (checked, so a copy of a vouched epoch goes too: it was a duplicate)
         self.markers = [m for m in self.markers if self._pending(m)]
         return self.points  # (the scan's own lists: read them, do not change them)

@@ -40,7 +40,6 @@ topic's start, which the progress message says.
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from replay._position import Frontier, Position
+from replay.spark._baselines import points_a_cut_needs
 from replay.spark._kafka import KAFKA_SCHEME, parse_topic_uri
 from replay.spark._kafka_points import TopicScan
 
@@ -87,10 +87,13 @@ class _Scan:
     end: dict[int, int] = field(default_factory=dict)  # ... its last chunk's point
 
     def point(self, domain_id: int, epoch_seq: int, end_id: int) -> None:
-        """A quiescence point found (a later one than the domain's last, or ignored)."""
+        """A quiescence point found (a later one than the domain's last, or ignored).
+        Only the points the cut can use stay: what is kept does not grow with the log."""
         points = self.points.setdefault(domain_id, [])
         if not points or points[-1][0] < epoch_seq:
             points.append((epoch_seq, end_id))
+            if len(points) > 2:
+                self.points[domain_id] = points_a_cut_needs(points, self.start.get(domain_id))
 
     def chunk(self, domain_id: int, baseline_id: int, epoch_seq: int, last: bool) -> None:
         """A baseline chunk's header found (in the log's order)."""
@@ -146,14 +149,7 @@ def topic_frontier(topic: TopicScan) -> Frontier:
     for c in topic.chunks:
         scan.chunk(c.domain_id, c.baseline_id, c.epoch_seq, c.last)
     for domain_id, points in topic.quiescence_points().items():
-        # The cut reads a domain's last point and, if a baseline starts, the last one
-        # before it: only those go in (each look costs the same however long the topic).
-        keep = points[-1:]
-        start = scan.start.get(domain_id)
-        if start is not None:
-            before = bisect.bisect_left(points, (start,))
-            keep = sorted({*keep, *points[max(before - 1, 0):before]})
-        for epoch_seq, end_id in keep:
+        for epoch_seq, end_id in points:  # (the few the cut can use: points_a_cut_needs)
             scan.point(domain_id, epoch_seq, end_id)
     return scan.frontier()
 

@@ -167,8 +167,8 @@ def _keep_everything(markers: list[Any], chunks: list[ChunkSeen]) -> Frontier:
     records, _ = vouched_epochs(markers, PARTITIONS)
     scan = _Scan()
     for r in records:
-        if r.quiescent:
-            scan.point(r.domain_id, r.epoch_seq, r.end_id)
+        if r.quiescent:  # every point (_Scan.point keeps only those the cut can use)
+            scan.points.setdefault(r.domain_id, []).append((r.epoch_seq, r.end_id))
     for c in chunks:
         scan.chunk(c.domain_id, c.baseline_id, c.epoch_seq, c.last)
     return scan.frontier()
@@ -240,7 +240,8 @@ def _epoch_of(marker: Any) -> tuple[int, int]:
 def test_what_the_scan_keeps_does_not_grow_with_the_topic() -> None:
     """500 epochs of two domains, partition 2 a little behind, a look after each:
     the scan never holds more than the few markers partition 2 has not matched yet,
-    and of a baseline's many chunks only the two the cut reads."""
+    of a baseline's many chunks only the two the cut reads, and of each domain's
+    quiescence points the last and the last before its first baseline."""
     scan = _scan()
     most = 0
     for seq in range(1, 501):
@@ -255,8 +256,10 @@ def test_what_the_scan_keeps_does_not_grow_with_the_topic() -> None:
         cut = topic_frontier(scan).get(DOMAIN)
         assert seq < 5 or (cut is not None and cut.epoch_seq in (seq - 3, seq - 4))
         most = max(most, len(scan.markers))
+        assert all(len(points) <= 2 for points in scan.points.values())
     assert scan.taken > 2_900 and most <= 2 * 2 * 4
     assert len(scan.chunks) == 2
+    assert [e for e, _ in scan.points[DOMAIN]] == [48, 496]  # (even epochs are points)
 
 
 class _Held:

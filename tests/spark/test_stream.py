@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replay import Frontier
 from replay.spark import stream_changesets
@@ -34,6 +36,31 @@ def test_the_offsets_stop_before_a_baseline_that_is_not_whole(tmp_path: Path) ->
     partial = scan.frontier().get(b)
     assert partial is None or partial.epoch_seq < based.report.first_point[0]
     assert isinstance(scan.frontier(), Frontier)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(("point",) * 4 + ("chunk", "last"))),
+                max_size=150))
+def test_the_scan_keeps_few_points_and_cuts_as_if_it_kept_every_one(
+        steps: list[tuple[int, str]]) -> None:
+    """Two domains' quiescence points and baseline chunks in a log's order (a chunk right
+    after its point): after each record the scan, which keeps only the points the cut
+    can use, cuts where a scan that keeps every point cuts, and holds at most two points
+    per domain."""
+    kept, every = _Scan(), _Scan()
+    last = {0: 0, 1: 0}
+    for step, (d, kind) in enumerate(steps):
+        domain = 0xD0 + d
+        if kind == "point":
+            last[d] += 1 + step % 3
+            kept.point(domain, last[d], last[d] * 10)
+            every.points.setdefault(domain, []).append((last[d], last[d] * 10))
+        elif last[d]:
+            baseline = 0xB0 + sum(1 for k in steps[:step] if k == (d, "last"))
+            for scan in (kept, every):
+                scan.chunk(domain, baseline, last[d], kind == "last")
+        assert kept.frontier() == every.frontier()
+        assert all(len(points) <= 2 for points in kept.points.values())
 
 
 def test_a_stream_through_a_baseline(spark: Any, tmp_path: Path) -> None:
