@@ -35,8 +35,7 @@ from sequencer import EpochRecord
 from sinks.codec import SnapshotChunk, decode_key, encode_key
 
 __all__ = ["COVERS", "Baseline", "BaselineTable", "ChunkHeader", "build_baselines",
-           "points_a_cut_needs",
-           "chunk_header", "covering_chunks", "row_order"]
+           "chunk_header", "covering_chunks", "points_a_cut_needs", "row_order"]
 
 # One row per (row of the events, baseline covering it): the chunk's quiescence point.
 COVERS: Final = pa.schema([
