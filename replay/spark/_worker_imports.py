@@ -8,9 +8,10 @@ path: about 0.2-0.3 s of CPU per task on a 2-core machine, more than most replay
 own work (measured: 8 trivial ``mapInArrow`` tasks 2.0 s, 0.5 s with this).
 
 ``lazy_zip_invalidation`` keeps the meaning (an archive that changed is read again) and
-drops the cost: an importer re-reads its archive only if the file's size or mtime
-differs from when that importer last read it. This package calls it on import inside
-a Spark worker only; the driver's interpreter is left alone.
+drops the cost: an importer re-reads its archive only if the file's size, mtime,
+change time or inode differs from when that importer last read it. This package calls
+it on import inside a Spark worker only (and the points source's Python process); the
+user's driver is left alone.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ _EAGER: Final = zipimport.zipimporter.invalidate_caches
 _STAMP: Final = "_cdc_agent_stamp"
 
 
-def _stamp(path: str) -> tuple[int, int] | None:
+def _stamp(path: str) -> tuple[int, ...] | None:
+    """What changes when the archive does: a rewrite keeping its size and mtime (``cp
+    -p``) still moves the inode's change time, a replacing file has another inode."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino
 
 
 def _invalidate_if_changed(self: Any) -> None:

@@ -65,6 +65,23 @@ def test_an_unchanged_archive_is_read_once_a_changed_one_again(
 
 
 @old_python
+def test_an_archive_rewritten_with_its_size_and_mtime_is_read_again(
+        tmp_path: Path, reads: list[str]) -> None:
+    """``cp -p`` of a same-size archive: the change time tells (offsets inside differ)."""
+    archive = _archive(tmp_path / "lib.zip", first="X = 1\n")
+    importer = zipimport.zipimporter(archive)
+    importer.invalidate_caches()
+    stat = os.stat(archive)
+    _archive(tmp_path / "lib.zip", other="X = 1\n")  # same length, another module
+    os.utime(archive, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(archive).st_size == stat.st_size
+    reads.clear()
+    importer.invalidate_caches()
+    assert reads == [archive]
+    assert importer.find_spec("other") is not None and importer.find_spec("first") is None
+
+
+@old_python
 def test_an_archive_that_disappeared_is_emptied(tmp_path: Path, reads: list[str]) -> None:
     archive = _archive(tmp_path / "gone.zip", first="X = 1\n")
     importer = zipimport.zipimporter(archive)
