@@ -10,9 +10,10 @@ feed the changesets again; any at or before the stored position is a no-op.
 The tables are laid out as on the source (see ``docs/postgres.md``): each table has a
 key column with a unique index, nullable value columns, and optionally a ``text[]``
 presence column; ``tables`` maps names to anything with ``key_column``, ``columns``
-and ``presence_column`` attributes (``agent.TableSpec`` fits). Changes are staged with
-a binary COPY into a temporary table per target table, then merged with one UPDATE
-and one INSERT: a few statements per changeset, whatever its size.
+and ``presence_column`` attributes (``agent.TableSpec`` fits). The changed rows travel
+as binary array parameters of one statement per target table, which checks what they
+replace, UPDATEs the rows that exist and INSERTs the others: one statement per table
+and apply, whatever its size.
 
 psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
 ``ReplicaError`` here.
@@ -79,13 +80,13 @@ class ReplicaError(PostgresError):
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """What one apply writes: how many changesets are new, the cells they change, the
-    token before and after, and the staging arrays per table."""
+    token before and after, and the array parameters per table."""
 
     fresh: int
     cells: int
     stored: str
     token: str
-    staged: list[tuple[_Table, list[list[Any]]]]
+    arrays: list[tuple[_Table, list[list[Any]]]]
 
 
 class _TokenMoved(Exception):
@@ -128,7 +129,7 @@ def _require_psycopg() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class _Table:
-    """One target table, checked, with its staging table and merge statements."""
+    """One target table, checked, with its merge statement."""
 
     name: str
     key_column: str
@@ -137,18 +138,12 @@ class _Table:
     types: tuple[str, ...]
     kinds: tuple[type, ...]
     presence_column: str | None
-    stage: str
-    create_stage: bytes
-    fill_stage: bytes
-    clear_stage: bytes
-    merge_update: bytes
-    merge_insert: bytes
+    merge: bytes
     scan: bytes
-    check_before: bytes
 
 
-def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[Any, ...]]
-                 ) -> _Table:
+def _build_table(name: str, layout: TableLayout, rows: list[tuple[Any, ...]], *,
+                 verify_before: bool) -> _Table:
     from psycopg import sql
 
     if not rows:
@@ -179,29 +174,21 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
     key_type = by_name[layout.key_column][1]
 
     ident = sql.Identifier
-    table, key = ident(name), ident(layout.key_column)
-    stage_name = f"cdc_stage_{index}"
-    stage = ident(stage_name)
-    # Staging row: the key; which columns change; which are present after and before;
-    # the new values (v0..); the values the changesets expect to replace (b0..).
+    table, tk = ident(name), ident("t", layout.key_column)
+    # The changed rows, one per key: the key; which columns change; which are present
+    # after and before; the new values (v0..); the values the changesets expect to
+    # replace (b0..). They travel as one binary array parameter per field (column names
+    # comma-joined: they are identifiers).
     value_names = [ident(f"v{i}") for i in range(len(columns))]
     before_names = [ident(f"b{i}") for i in range(len(columns))]
-    create_stage = sql.SQL(
-        "CREATE TEMP TABLE IF NOT EXISTS {stage} (k {kt} PRIMARY KEY, changed text[] NOT NULL, "
-        "present text[] NOT NULL, was_present text[] NOT NULL, {values}) "
-        "ON COMMIT PRESERVE ROWS"
-    ).format(stage=stage, kt=sql.SQL(key_type), values=sql.SQL(", ").join(
-        sql.SQL("{} {}").format(v, sql.SQL(t))
-        for v, t in zip(value_names + before_names, types + types, strict=True)))
-    # One statement fills the staging table from one array per staging column (binary
-    # parameters; column names travel comma-joined: they are identifiers).
     array_names = [ident(f"a{i}") for i in range(4 + 2 * len(columns))]
-    fill_stage = sql.SQL(
-        "INSERT INTO {stage} (k, changed, present, was_present, {values}) "
-        "SELECT a0, string_to_array(a1, ','), string_to_array(a2, ','), "
-        "string_to_array(a3, ','), {rest} FROM unnest({arrays}) AS u({names})"
-    ).format(stage=stage, values=sql.SQL(", ").join(value_names + before_names),
-             rest=sql.SQL(", ").join(array_names[4:]),
+    rows_cte = sql.SQL(
+        "s AS (SELECT a0 AS k, string_to_array(a1, ',') AS changed, "
+        "string_to_array(a2, ',') AS present, string_to_array(a3, ',') AS was_present, "
+        "{fields} FROM unnest({arrays}) AS u({names}))"
+    ).format(fields=sql.SQL(", ").join(
+                 sql.SQL("{} AS {}").format(a, f)
+                 for a, f in zip(array_names[4:], value_names + before_names, strict=True)),
              arrays=sql.SQL(", ").join(
                  sql.SQL("%b::{}[]").format(sql.SQL(t))
                  for t in (key_type, "text", "text", "text", *types, *types)),
@@ -211,7 +198,7 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
             c=ident(c), lit=sql.Literal(c), v=v, tc=ident("t", c))
         for c, v in zip(columns, value_names, strict=True)
     ]
-    insert_names = [key, *map(ident, columns)]
+    insert_names = [ident(layout.key_column), *map(ident, columns)]
     insert_values = [sql.SQL("s.k"), *(sql.SQL("s.{}").format(v) for v in value_names)]
     if presence is not None:
         sets.append(sql.SQL(
@@ -220,15 +207,6 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
                 p=ident(presence), tp=ident("t", presence)))
         insert_names.append(ident(presence))
         insert_values.append(sql.SQL("s.present"))
-    merge_update = sql.SQL("UPDATE {t} AS t SET {sets} FROM {stage} AS s WHERE {tk} = s.k"
-                           ).format(t=table, sets=sql.SQL(", ").join(sets), stage=stage,
-                                    tk=ident("t", layout.key_column))
-    merge_insert = sql.SQL(
-        "INSERT INTO {t} ({names}) SELECT {values} FROM {stage} AS s "
-        "WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE {tk} = s.k)"
-    ).format(t=table, names=sql.SQL(", ").join(insert_names),
-             values=sql.SQL(", ").join(insert_values), stage=stage,
-             tk=ident("t", layout.key_column))
     if presence is None:
         present_exprs = [sql.SQL("({} IS NOT NULL)").format(ident("t", c)) for c in columns]
     else:
@@ -249,19 +227,32 @@ def _build_table(index: int, name: str, layout: TableLayout, rows: list[tuple[An
             "({lit} = ANY(s.changed) AND ({present} IS DISTINCT FROM ({lit} = ANY(s.was_present))"
             " OR ({lit} = ANY(s.was_present) AND NOT ({equal}))))").format(
                 lit=lit, present=present, equal=equal))
-    check_before = sql.SQL(
-        "SELECT s.k FROM {stage} AS s LEFT JOIN {t} AS t ON {tk} = s.k WHERE {bad} LIMIT 1"
-    ).format(stage=stage, t=table, tk=ident("t", layout.key_column),
-             bad=sql.SQL(" OR ").join(mismatches))
+    # One statement per table and apply. The rows are joined to the table once (j: is
+    # the row there, and does it hold what the changesets replace); every sub-statement
+    # sees the table as it was before the statement, which is right here: the UPDATE
+    # touches only keys that exist and the INSERT only keys that do not. The statement
+    # returns the key of a row that does not hold what the changesets replace, if any:
+    # the caller then rolls the transaction back (so the writes need no guard).
+    fields = sql.SQL(", ").join(
+        sql.SQL("s.{}").format(ident(f)) for f in (
+            "k", "changed", "present", "was_present",
+            *(f"v{i}" for i in range(len(columns))), *(f"b{i}" for i in range(len(columns)))))
+    bad = sql.SQL(" OR ").join(mismatches) if verify_before else sql.SQL("false")
+    merge = sql.SQL(
+        "WITH {rows}, "
+        "j AS (SELECT {fields}, {tk} IS NOT NULL AS found, {bad} AS bad "
+        "FROM s LEFT JOIN {t} AS t ON {tk} = s.k), "
+        "updated AS (UPDATE {t} AS t SET {sets} FROM j AS s WHERE {tk} = s.k), "
+        "inserted AS (INSERT INTO {t} ({names}) SELECT {values} FROM j AS s WHERE NOT s.found) "
+        "SELECT k FROM j WHERE bad LIMIT 1"
+    ).format(rows=rows_cte, fields=fields, tk=tk, bad=bad, t=table,
+             sets=sql.SQL(", ").join(sets), names=sql.SQL(", ").join(insert_names),
+             values=sql.SQL(", ").join(insert_values))
     scan = sql.SQL("SELECT {k}, {values}, {present} FROM {t} AS t").format(
-        k=ident("t", layout.key_column),
-        values=sql.SQL(", ").join(ident("t", c) for c in columns),
+        k=tk, values=sql.SQL(", ").join(ident("t", c) for c in columns),
         present=sql.SQL(", ").join(present_exprs), t=table)
     return _Table(name, layout.key_column, key_type, columns, types, kinds, presence,
-                  stage_name, create_stage.as_bytes(None), fill_stage.as_bytes(None),
-                  sql.SQL("DELETE FROM {}").format(stage).as_bytes(None),
-                  merge_update.as_bytes(None), merge_insert.as_bytes(None), scan.as_bytes(None),
-                  check_before.as_bytes(None))
+                  merge.as_bytes(None), scan.as_bytes(None))
 
 
 class PostgresReplica:
@@ -291,12 +282,13 @@ class PostgresReplica:
                 dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         try:
             with replica_errors("preparing the replica database (reading the tables' "
-                                "layout, creating the position and staging tables)",
+                                "layout, creating the position table)",
                                 "nothing was applied"):
                 self._tables = {
-                    name: _build_table(i, name, layout,
-                                       self._conn.execute(_CATALOG_SQL, (name,)).fetchall())
-                    for i, (name, layout) in enumerate(tables.items())
+                    name: _build_table(name, layout,
+                                       self._conn.execute(_CATALOG_SQL, (name,)).fetchall(),
+                                       verify_before=verify_before)
+                    for name, layout in tables.items()
                 }
                 self._setup()
         except Exception:
@@ -323,8 +315,6 @@ class PostgresReplica:
         conn.execute(sql.SQL(
             "INSERT INTO {} (consumer, token) VALUES (%s, '') ON CONFLICT DO NOTHING"
         ).format(sql.Identifier(POSITION_TABLE)), (self.consumer,))
-        for table in self._tables.values():
-            conn.execute(table.create_stage)
         row = conn.execute(sql.SQL("SELECT token FROM {} WHERE consumer = %s").format(
             positions), (self.consumer,)).fetchone()
         self._token = row[0] if row is not None else None
@@ -383,18 +373,20 @@ class PostgresReplica:
                 path), else begin, lock this consumer's position row and read it.
         Step 2. Drop the changesets the position already covers (each a no-op); merge
                 the rest into one set of cell changes and the position after the last.
-        Step 3. Per table: stage the changed rows (one INSERT from arrays).
-        Step 4. Per table: check that the rows hold what the changesets replace (their
-                ``before`` values; unless ``verify_before=False``), then UPDATE the rows
-                that exist and INSERT the ones that do not.
-        Step 5. Write the new position token. On the fast path this comes first, as
+        Step 3. Per table, one statement, the changed rows its binary array parameters:
+                check that the rows hold what the changesets replace (their ``before``
+                values; unless ``verify_before=False``); only if they all do, UPDATE the
+                rows that exist and INSERT the ones that do not.
+        Step 4. Write the new position token. On the fast path this comes first, as
                 ``UPDATE ... WHERE token = <the token of step 1>``: it locks the row, and
                 if another applier moved the token meanwhile nothing matches, the
                 transaction rolls back and the changesets go the locked way.
+        Step 5. If a check of step 3 found a row not holding what it should: roll back
+                and raise ``ReplicaError`` (nothing applied, the position unchanged).
         Step 6. Commit: the changes and the position become visible together, or not at
                 all (a crash before this step leaves the previous state and position).
 
-        The fast path sends steps 3 to 5 and BEGIN in one round trip (pipeline mode),
+        The fast path sends BEGIN and steps 3 to 5 in one round trip (pipeline mode),
         then COMMIT.
         """
         changesets = list(changesets)
@@ -463,35 +455,25 @@ class PostgresReplica:
             fresh += 1
         if not fresh:
             return None
-        return _Plan(fresh, len(merged), stored, str(frontier), self._stage(merged, before))
+        return _Plan(fresh, len(merged), stored, str(frontier),
+                     self._arrays(merged, before))
 
     def _write(self, plan: _Plan, token: str | None) -> None:
         """Steps 3 to 5 inside the open transaction (pipeline mode: one round trip)."""
         conn = self._conn
         self._step("read")
         moved = None
-        if token is not None:  # Step 5 first: lock the row, check the token
+        if token is not None:  # Step 4 first: lock the row, check the token
             moved = conn.execute(self._move_position, (plan.token, self.consumer, token))
         # Step 3.
-        for table, arrays in plan.staged:
-            conn.execute(table.fill_stage, arrays)
-        self._step("staged")
-        # Step 4.
-        checks = []
-        for table, _arrays in plan.staged:
-            if self._verify_before:
-                checks.append((table, conn.execute(table.check_before)))
-            conn.execute(table.merge_update)
-            conn.execute(table.merge_insert)
-            # Emptied in the same transaction (a rollback empties it too): cheaper than
-            # ON COMMIT DELETE ROWS, which truncates the table's files at every commit.
-            conn.execute(table.clear_stage)
+        checks = [(table, conn.execute(table.merge, arrays)) for table, arrays in plan.arrays]
         self._step("merged")
-        if moved is None:  # Step 5 (the locked way).
+        if moved is None:  # Step 4 (the locked way).
             conn.execute(self._set_position, (plan.token, self.consumer))
         elif moved.fetchone() is None:
             raise _TokenMoved
         self._step("position")
+        # Step 5.
         for table, check in checks:
             found = check.fetchone()
             if found is not None:
@@ -506,15 +488,15 @@ class PostgresReplica:
         if self._fault is not None:
             self._fault(name)
 
-    def _stage(self, merged: Mapping[Cell, Value | Absent],
+    def _arrays(self, merged: Mapping[Cell, Value | Absent],
                before: Mapping[Cell, Value | Absent]
                ) -> list[tuple[_Table, list[list[Any]]]]:
-        """Per table written, the staging arrays (key, changed, present, was_present,
+        """Per table written, the array parameters (key, changed, present, was_present,
         new values, before values), every value checked against its column first."""
         by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
         for (table_name, row, column), value in merged.items():
             by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
-        staged = []
+        per_table = []
         for name, rows in by_row.items():
             table = self._tables.get(name)
             if table is None:
@@ -549,8 +531,8 @@ class PostgresReplica:
                 was_at.append(",".join(was_present))
                 for column_values, value in zip(values, new, strict=True):
                     column_values.append(value)
-            staged.append((table, arrays))
-        return staged
+            per_table.append((table, arrays))
+        return per_table
 
     def close(self) -> None:
         self._conn.close()

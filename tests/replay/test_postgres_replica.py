@@ -33,7 +33,7 @@ from sinks import MemorySink
 pytestmark = pytest.mark.pg
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("read", "staged", "merged", "position", "committed")
+STEPS = ("read", "merged", "position", "committed")
 
 
 class Crash(Exception):
@@ -204,7 +204,7 @@ def test_sigkilled_applier_processes_recover_exactly(
              step, str(index)],
             cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
-    for step in ("staged", "merged", "position", "committed"):
+    for step in ("merged", "position", "committed"):
         _reset(replica_dsn)
         killed = applier(step, rng.randrange(len(log.changesets)))
         assert killed.returncode == -9, killed.stderr
