@@ -22,6 +22,7 @@ psycopg 3 is imported lazily (extra ``cdc-agent[postgres]``); its errors become
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = ["PostgresReplica", "ReplicaError", "TableLayout"]
 log = structlog.get_logger()
 
 Cell = tuple[str, RowKey, str]
+_Record = tuple[list[str], list[str], list[str], list[Any]]
 
 POSITION_TABLE: Final = "cdc_agent_position"
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -54,10 +56,96 @@ _CATALOG_SQL: Final = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname,
        EXISTS (SELECT 1 FROM pg_index i
                 WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1
-                  AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
+                  AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL),
+       a.atttypid::int8
   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
  WHERE a.attrelid = to_regclass(quote_ident(%s)) AND a.attnum > 0 AND NOT a.attisdropped
 """
+
+# Array parameters go in PostgreSQL's binary array format, packed here (psycopg's list
+# dumping cost about three times as much): ndim 1, has-nulls flag, element type oid,
+# length, lower bound 1; then per element its length (-1: NULL) and its binary value.
+_ARRAY_HEADER: Final = struct.Struct(">iiIii")
+_LENGTH: Final = struct.Struct(">i").pack
+_NULL: Final = _LENGTH(-1)
+_FIXED_WIDTH: Final = {"int2": "h", "int4": "i", "int8": "q", "float8": "d", "bool": "?"}
+_TEXT_OID: Final = 25
+
+
+class _Packed:
+    """An array parameter already in binary format. It is sent with type oid 0 (unknown):
+    the server takes the type from the statement's cast (``$1::bigint[]``)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _packed_dumper() -> type:
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class PackedDumper(Dumper):
+        format = Format.BINARY
+
+        def dump(self, obj: _Packed) -> bytes:
+            return obj.data
+
+    return PackedDumper
+
+
+Packer = Callable[[list[Any]], Any]
+
+
+def _packer(typname: str, oid: int, encoding: str) -> Packer:
+    """How to pass a list of values (each of the Python type ``_TYPES[typname]``, or
+    None) as an array of ``typname``: packed here (strings in the connection's encoding,
+    as psycopg does); or, for an integer out of the type's range, the list itself, which
+    psycopg dumps and the server refuses, as it always did."""
+    code = _FIXED_WIDTH.get(typname)
+    if code is not None:
+        item, size = "i" + code, struct.calcsize(code)
+
+        def pack_fixed(values: list[Any]) -> Any:
+            n = len(values)
+            try:
+                if None not in values:
+                    items = [size] * (2 * n)
+                    items[1::2] = values
+                    return _Packed(struct.pack(f">iiIii{item * n}", 1, 0, oid, n, 1, *items))
+                layout, items = [">iiIii"], [1, 1, oid, n, 1]
+                for value in values:
+                    if value is None:
+                        layout.append("i")
+                        items.append(-1)
+                    else:
+                        layout.append(item)
+                        items += (size, value)
+                return _Packed(struct.pack("".join(layout), *items))
+            except struct.error:
+                return values
+
+        return pack_fixed
+    assert typname in ("text", "varchar", "bytea"), typname
+
+    def pack_varying(values: list[Any]) -> Any:
+        parts = [b""]
+        nulls = 0
+        for value in values:
+            if value is None:
+                parts.append(_NULL)
+                nulls = 1
+            else:
+                data = value.encode(encoding) if type(value) is str else value
+                parts += (_LENGTH(len(data)), data)
+        parts[0] = _ARRAY_HEADER.pack(1, nulls, oid, len(values), 1)
+        return _Packed(b"".join(parts))
+
+    return pack_varying
+
+
+_pack_names: Final = _packer("text", _TEXT_OID, "ascii")  # comma-joined identifiers
 
 
 class TableLayout(Protocol):
@@ -129,7 +217,9 @@ def _require_psycopg() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class _Table:
-    """One target table, checked, with its merge statement."""
+    """One target table, checked, with its merge statement and how to pack its arrays
+    (keys go to psycopg as a list unless they all are ``key_kind``; ``pack_key`` is None
+    for key column types the replica does not pack)."""
 
     name: str
     key_column: str
@@ -140,10 +230,14 @@ class _Table:
     presence_column: str | None
     merge: bytes
     scan: bytes
+    index: dict[str, int]
+    key_kind: type | None
+    pack_key: Packer | None
+    pack_values: tuple[Packer, ...]
 
 
 def _build_table(name: str, layout: TableLayout, rows: list[tuple[Any, ...]], *,
-                 verify_before: bool) -> _Table:
+                 verify_before: bool, encoding: str) -> _Table:
     from psycopg import sql
 
     if not rows:
@@ -251,8 +345,13 @@ def _build_table(name: str, layout: TableLayout, rows: list[tuple[Any, ...]], *,
     scan = sql.SQL("SELECT {k}, {values}, {present} FROM {t} AS t").format(
         k=tk, values=sql.SQL(", ").join(ident("t", c) for c in columns),
         present=sql.SQL(", ").join(present_exprs), t=table)
+    key = by_name[layout.key_column]
     return _Table(name, layout.key_column, key_type, columns, types, kinds, presence,
-                  merge.as_bytes(None), scan.as_bytes(None))
+                  merge.as_bytes(None), scan.as_bytes(None),
+                  {c: i for i, c in enumerate(columns)},
+                  _TYPES.get(key[2]),
+                  _packer(key[2], key[4], encoding) if key[2] in _TYPES else None,
+                  tuple(_packer(by_name[c][2], by_name[c][4], encoding) for c in columns) * 2)
 
 
 class PostgresReplica:
@@ -281,13 +380,17 @@ class PostgresReplica:
             self._conn: psycopg.Connection[Any] = self._psycopg.connect(
                 dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
         try:
+            # psycopg's own choice for str (SQL_ASCII databases take UTF-8)
+            encoding = self._conn.info.encoding
+            encoding = "utf-8" if encoding == "ascii" else encoding
+            self._conn.adapters.register_dumper(_Packed, _packed_dumper())
             with replica_errors("preparing the replica database (reading the tables' "
                                 "layout, creating the position table)",
                                 "nothing was applied"):
                 self._tables = {
                     name: _build_table(name, layout,
                                        self._conn.execute(_CATALOG_SQL, (name,)).fetchall(),
-                                       verify_before=verify_before)
+                                       verify_before=verify_before, encoding=encoding)
                     for name, layout in tables.items()
                 }
                 self._setup()
@@ -440,22 +543,26 @@ class PostgresReplica:
     def _plan(self, changesets: list[Changeset], stored: str) -> _Plan | None:
         """Step 2 (and the checks of step 3's values): None if nothing is new."""
         frontier = self._parse(stored) or Frontier({})
-        merged: dict[Cell, Value | Absent] = {}
-        before: dict[Cell, Value | Absent] = {}
-        fresh = 0
+        fresh = []
         for changeset in changesets:
             held = frontier.get(changeset.domain_id)
             if held is not None and held.epoch_seq >= changeset.epoch_seq:
                 continue
-            merged.update(changeset.changes)
-            if self._verify_before:
-                for cell, value in changeset.before.items():
-                    before.setdefault(cell, value)  # the earliest one counts
+            fresh.append(changeset)
             frontier = frontier.advanced(changeset.position)
-            fresh += 1
         if not fresh:
             return None
-        return _Plan(fresh, len(merged), stored, str(frontier),
+        if len(fresh) == 1:
+            merged = fresh[0].changes
+            before = fresh[0].before if self._verify_before else {}
+        else:
+            merged, before = {}, {}
+            for changeset in fresh:
+                merged.update(changeset.changes)
+            if self._verify_before:
+                for changeset in reversed(fresh):
+                    before.update(changeset.before)  # the earliest one counts
+        return _Plan(len(fresh), len(merged), stored, str(frontier),
                      self._arrays(merged, before))
 
     def _write(self, plan: _Plan, token: str | None) -> None:
@@ -489,48 +596,64 @@ class PostgresReplica:
             self._fault(name)
 
     def _arrays(self, merged: Mapping[Cell, Value | Absent],
-               before: Mapping[Cell, Value | Absent]
-               ) -> list[tuple[_Table, list[list[Any]]]]:
+                before: Mapping[Cell, Value | Absent]
+                ) -> list[tuple[_Table, list[Any]]]:
         """Per table written, the array parameters (key, changed, present, was_present,
         new values, before values), every value checked against its column first."""
-        by_row: dict[str, dict[RowKey, dict[str, Value | Absent]]] = {}
-        for (table_name, row, column), value in merged.items():
-            by_row.setdefault(table_name, {}).setdefault(row, {})[column] = value
-        per_table = []
-        for name, rows in by_row.items():
-            table = self._tables.get(name)
-            if table is None:
-                raise ReplicaError(f"a changeset writes table {name!r}, which this replica "
-                                   f"does not hold ({sorted(self._tables)}); nothing applied")
-            index = {c: i for i, c in enumerate(table.columns)}
-            width = len(table.columns)
-            arrays: list[list[Any]] = [[] for _ in range(4 + 2 * width)]
-            keys, changed_at, present_at, was_at = arrays[:4]
-            values = arrays[4:]
-            for row, cells in rows.items():
-                new: list[Any] = [None] * (2 * width)  # new values, then before
-                present, was_present = [], []
-                for column, value in cells.items():
-                    i = index.get(column)
-                    if i is None:
+        # Per table, per row: the columns changed, present after, present before; the
+        # new values then the before values, by column index.
+        by_table: dict[str, tuple[_Table, dict[RowKey, _Record]]] = {}
+        name: str | None = None
+        table: _Table | None = None
+        rows: dict[RowKey, _Record] = {}
+        width = 0
+        for cell, value in merged.items():
+            if cell[0] != name:
+                name = cell[0]
+                if name not in by_table:
+                    table = self._tables.get(name)
+                    if table is None:
                         raise ReplicaError(
-                            f"a changeset writes column {name}.{column}, which this "
-                            "replica does not hold; nothing applied")
-                    if value is not ABSENT:
-                        _check(table, i, value)  # type: ignore[arg-type]
-                        new[i] = value
-                        present.append(column)
-                    old = before.get((name, row, column), ABSENT)
-                    if old is not ABSENT:
-                        _check(table, i, old)  # type: ignore[arg-type]
-                        new[width + i] = old
-                        was_present.append(column)
-                keys.append(row)
-                changed_at.append(",".join(cells))
-                present_at.append(",".join(present))
-                was_at.append(",".join(was_present))
-                for column_values, value in zip(values, new, strict=True):
-                    column_values.append(value)
+                            f"a changeset writes table {name!r}, which this replica does "
+                            f"not hold ({sorted(self._tables)}); nothing applied")
+                    by_table[name] = (table, {})
+                table, rows = by_table[name]
+                width = len(table.columns)
+            assert table is not None
+            _, row, column = cell
+            i = table.index.get(column)
+            if i is None:
+                raise ReplicaError(f"a changeset writes column {name}.{column}, which this "
+                                   "replica does not hold; nothing applied")
+            record = rows.get(row)
+            if record is None:
+                record = rows[row] = ([], [], [], [None] * (2 * width))
+            record[0].append(column)
+            if value is not ABSENT:
+                if type(value) is not table.kinds[i]:
+                    _check(table, i, value)  # type: ignore[arg-type]
+                record[3][i] = value
+                record[1].append(column)
+            old = before.get(cell, ABSENT)
+            if old is not ABSENT:
+                if type(old) is not table.kinds[i]:
+                    _check(table, i, old)  # type: ignore[arg-type]
+                record[3][width + i] = old
+                record[2].append(column)
+        per_table = []
+        for table, rows in by_table.values():
+            keys = list(rows)
+            records = rows.values()
+            kind, pack_key = table.key_kind, table.pack_key
+            arrays = [
+                keys if pack_key is None or any(type(k) is not kind for k in keys)
+                else pack_key(keys),
+                _pack_names([",".join(r[0]) for r in records]),
+                _pack_names([",".join(r[1]) for r in records]),
+                _pack_names([",".join(r[2]) for r in records]),
+                *(pack(list(values)) for pack, values in zip(
+                    table.pack_values, zip(*(r[3] for r in records), strict=True), strict=True)),
+            ]
             per_table.append((table, arrays))
         return per_table
 

@@ -302,6 +302,8 @@ def _changesets_from_memory(writes: list[tuple[str, Any, str, Any]]) -> list[Cha
         ([("cdc_demo_accounts", 1, "missing", 5)], "column cdc_demo_accounts.missing"),
         ([("cdc_demo_accounts", 1, "balance", "five")], "balance"),
         ([("cdc_demo_labels", "a", "hits", None)], "no presence column"),
+        # A value its column type cannot hold fails on the server, as it always did.
+        ([("cdc_demo_labels", "a", "hits", 1 << 40)], "integer out of range"),
     ],
 )
 def test_changesets_the_replica_cannot_hold_are_refused_whole(
@@ -316,6 +318,35 @@ def test_changesets_the_replica_cannot_hold_are_refused_whole(
         replica.apply(bad)
     assert bits(replica.snapshot()) == bits(before)
     assert str(replica.position) == position
+
+
+@pytest.mark.parametrize(("key_type", "keys"), [
+    ("uuid", ["00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"]),
+    ("text", [7, 8]),  # int keys in a text column: the server casts them
+])
+def test_keys_the_replica_does_not_pack_still_apply_and_check(
+        pg_database: Callable[..., str], key_type: str, keys: list[Any]) -> None:
+    """Keys of a column type, or of a Python type, the replica does not pack itself go
+    through psycopg's own array dumping: applied, and checked, all the same."""
+    dsn = pg_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE keyed (id {key_type} PRIMARY KEY, v bigint)")
+    sink = MemorySink()
+    agent = Agent(MemoryStore(), sink)
+    for value in (1, 2, 3):
+        with agent.batch():
+            for key in keys:
+                agent.set("keyed", key, "v", value)
+    agent.close()
+    first, second, third = Assembler().changesets(sink.records)
+    with PostgresReplica(dsn, {"keyed": TableSpec("id", ["v"])}) as replica:
+        assert replica.apply(first) is True
+        with pytest.raises(ReplicaError, match="does not hold what the changesets replace"):
+            replica.apply(third)
+        assert replica.apply_many([second, third]) == 2
+    with psycopg.connect(dsn) as conn:
+        held = conn.execute("SELECT id::text, v FROM keyed ORDER BY id").fetchall()
+    assert held == [(str(key), 3) for key in keys]
 
 
 def test_missing_replica_table_fails_at_construction(pg_database: Callable[..., str]) -> None:
