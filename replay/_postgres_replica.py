@@ -43,7 +43,7 @@ __all__ = ["PostgresReplica", "ReplicaError", "TableLayout"]
 log = structlog.get_logger()
 
 Cell = tuple[str, RowKey, str]
-_Record = tuple[list[str], list[str], list[str], list[Any]]
+_Record = tuple[bytearray, list[Any]]
 
 POSITION_TABLE: Final = "cdc_agent_position"
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -69,7 +69,7 @@ _ARRAY_HEADER: Final = struct.Struct(">iiIii")
 _LENGTH: Final = struct.Struct(">i").pack
 _NULL: Final = _LENGTH(-1)
 _FIXED_WIDTH: Final = {"int2": "h", "int4": "i", "int8": "q", "float8": "d", "bool": "?"}
-_TEXT_OID: Final = 25
+_BYTEA_OID: Final = 17
 
 
 class _Packed:
@@ -145,7 +145,7 @@ def _packer(typname: str, oid: int, encoding: str) -> Packer:
     return pack_varying
 
 
-_pack_names: Final = _packer("text", _TEXT_OID, "ascii")  # comma-joined identifiers
+_pack_flags: Final = _packer("bytea", _BYTEA_OID, "ascii")
 
 
 class TableLayout(Protocol):
@@ -269,45 +269,48 @@ def _build_table(name: str, layout: TableLayout, rows: list[tuple[Any, ...]], *,
 
     ident = sql.Identifier
     table, tk = ident(name), ident("t", layout.key_column)
-    # The changed rows, one per key: the key; which columns change; which are present
-    # after and before; the new values (v0..); the values the changesets expect to
-    # replace (b0..). They travel as one binary array parameter per field (column names
-    # comma-joined: they are identifiers).
+    # The changed rows, one per key: the key; a flags byte per column (bit 1: changed,
+    # 2: present after, 4: present before); the new values (v0..); the values the
+    # changesets expect to replace (b0..). One binary array parameter per field.
     value_names = [ident(f"v{i}") for i in range(len(columns))]
     before_names = [ident(f"b{i}") for i in range(len(columns))]
-    array_names = [ident(f"a{i}") for i in range(4 + 2 * len(columns))]
-    rows_cte = sql.SQL(
-        "s AS (SELECT a0 AS k, string_to_array(a1, ',') AS changed, "
-        "string_to_array(a2, ',') AS present, string_to_array(a3, ',') AS was_present, "
-        "{fields} FROM unnest({arrays}) AS u({names}))"
-    ).format(fields=sql.SQL(", ").join(
-                 sql.SQL("{} AS {}").format(a, f)
-                 for a, f in zip(array_names[4:], value_names + before_names, strict=True)),
-             arrays=sql.SQL(", ").join(
-                 sql.SQL("%b::{}[]").format(sql.SQL(t))
-                 for t in (key_type, "text", "text", "text", *types, *types)),
-             names=sql.SQL(", ").join(array_names))
+    names = [ident("k"), ident("f"), *value_names, *before_names]
+    arrays = sql.SQL(", ").join(sql.SQL("%b::{}[]").format(sql.SQL(t))
+                                for t in (key_type, "bytea", *types, *types))
+
+    def flag(i: int, bit: int) -> sql.Composable:
+        return sql.SQL("(get_byte(s.f, {}) & {}) <> 0").format(
+            sql.Literal(i), sql.Literal(bit))
+
     sets = [
-        sql.SQL("{c} = CASE WHEN {lit} = ANY(s.changed) THEN s.{v} ELSE {tc} END").format(
-            c=ident(c), lit=sql.Literal(c), v=v, tc=ident("t", c))
-        for c, v in zip(columns, value_names, strict=True)
+        sql.SQL("{c} = CASE WHEN {changed} THEN s.{v} ELSE {tc} END").format(
+            c=ident(c), changed=flag(i, 1), v=v, tc=ident("t", c))
+        for i, (c, v) in enumerate(zip(columns, value_names, strict=True))
     ]
     insert_names = [ident(layout.key_column), *map(ident, columns)]
     insert_values = [sql.SQL("s.k"), *(sql.SQL("s.{}").format(v) for v in value_names)]
     if presence is not None:
+        # Present after: the changed columns present, and the others the row had (for
+        # an update: any other name its presence array holds is kept too).
+        names_array = sql.SQL("{}::text[]").format(sql.Literal(list(columns)))
+        present_after = sql.SQL(
+            "ARRAY(SELECT c FROM unnest({cols}) WITH ORDINALITY AS o(c, i) "
+            "WHERE (get_byte(s.f, i::int - 1) & 2) <> 0)").format(cols=names_array)
         sets.append(sql.SQL(
             "{p} = ARRAY(SELECT x FROM unnest(coalesce({tp}, '{{}}'::text[])) AS x "
-            "WHERE x <> ALL(s.changed)) || s.present").format(
-                p=ident(presence), tp=ident("t", presence)))
+            "WHERE coalesce(get_byte(s.f, array_position({cols}, x) - 1) & 1, 0) = 0) "
+            "|| {after}").format(p=ident(presence), tp=ident("t", presence), cols=names_array,
+                                 after=present_after))
         insert_names.append(ident(presence))
-        insert_values.append(sql.SQL("s.present"))
+        insert_values.append(present_after)
     if presence is None:
         present_exprs = [sql.SQL("({} IS NOT NULL)").format(ident("t", c)) for c in columns]
     else:
         present_exprs = [sql.SQL("({} = ANY(coalesce({}, '{{}}'::text[])))").format(
             sql.Literal(c), ident("t", presence)) for c in columns]
     mismatches = []
-    for c, b, kind, present in zip(columns, before_names, kinds, present_exprs, strict=True):
+    for i, (c, b, kind, present) in enumerate(
+            zip(columns, before_names, kinds, present_exprs, strict=True)):
         if kind is float:  # bit for bit: float8 '=' says NaN = NaN and -0.0 = 0.0
             equal = sql.SQL("float8send({}) IS NOT DISTINCT FROM float8send(s.{})").format(
                 ident("t", c), b)
@@ -316,31 +319,25 @@ def _build_table(name: str, layout: TableLayout, rows: list[tuple[Any, ...]], *,
                 ident("t", c), b)
         else:
             equal = sql.SQL("{} IS NOT DISTINCT FROM s.{}").format(ident("t", c), b)
-        lit = sql.Literal(c)
         mismatches.append(sql.SQL(
-            "({lit} = ANY(s.changed) AND ({present} IS DISTINCT FROM ({lit} = ANY(s.was_present))"
-            " OR ({lit} = ANY(s.was_present) AND NOT ({equal}))))").format(
-                lit=lit, present=present, equal=equal))
+            "({changed} AND ({present} IS DISTINCT FROM ({was}) OR (({was}) AND NOT ({equal}))))"
+        ).format(changed=flag(i, 1), present=present, was=flag(i, 4), equal=equal))
     # One statement per table and apply. The rows are joined to the table once (j: is
     # the row there, and does it hold what the changesets replace); every sub-statement
     # sees the table as it was before the statement, which is right here: the UPDATE
     # touches only keys that exist and the INSERT only keys that do not. The statement
     # returns the key of a row that does not hold what the changesets replace, if any:
     # the caller then rolls the transaction back (so the writes need no guard).
-    fields = sql.SQL(", ").join(
-        sql.SQL("s.{}").format(ident(f)) for f in (
-            "k", "changed", "present", "was_present",
-            *(f"v{i}" for i in range(len(columns))), *(f"b{i}" for i in range(len(columns)))))
     bad = sql.SQL(" OR ").join(mismatches) if verify_before else sql.SQL("false")
     merge = sql.SQL(
-        "WITH {rows}, "
-        "j AS (SELECT {fields}, {tk} IS NOT NULL AS found, {bad} AS bad "
-        "FROM s LEFT JOIN {t} AS t ON {tk} = s.k), "
+        "WITH j AS (SELECT s.*, {tk} IS NOT NULL AS found, {bad} AS bad "
+        "FROM unnest({arrays}) AS s({names}) LEFT JOIN {t} AS t ON {tk} = s.k), "
         "updated AS (UPDATE {t} AS t SET {sets} FROM j AS s WHERE {tk} = s.k), "
-        "inserted AS (INSERT INTO {t} ({names}) SELECT {values} FROM j AS s WHERE NOT s.found) "
+        "inserted AS (INSERT INTO {t} ({insert_names}) SELECT {values} FROM j AS s "
+        "WHERE NOT s.found) "
         "SELECT k FROM j WHERE bad LIMIT 1"
-    ).format(rows=rows_cte, fields=fields, tk=tk, bad=bad, t=table,
-             sets=sql.SQL(", ").join(sets), names=sql.SQL(", ").join(insert_names),
+    ).format(tk=tk, bad=bad, arrays=arrays, names=sql.SQL(", ").join(names), t=table,
+             sets=sql.SQL(", ").join(sets), insert_names=sql.SQL(", ").join(insert_names),
              values=sql.SQL(", ").join(insert_values))
     scan = sql.SQL("SELECT {k}, {values}, {present} FROM {t} AS t").format(
         k=tk, values=sql.SQL(", ").join(ident("t", c) for c in columns),
@@ -598,10 +595,10 @@ class PostgresReplica:
     def _arrays(self, merged: Mapping[Cell, Value | Absent],
                 before: Mapping[Cell, Value | Absent]
                 ) -> list[tuple[_Table, list[Any]]]:
-        """Per table written, the array parameters (key, changed, present, was_present,
-        new values, before values), every value checked against its column first."""
-        # Per table, per row: the columns changed, present after, present before; the
-        # new values then the before values, by column index.
+        """Per table written, the array parameters (key, flags, new values, before
+        values), every value checked against its column first."""
+        # Per table, per row: a flags byte per column (1: changed, 2: present after,
+        # 4: present before); the new values then the before values, by column index.
         by_table: dict[str, tuple[_Table, dict[RowKey, _Record]]] = {}
         name: str | None = None
         table: _Table | None = None
@@ -627,19 +624,20 @@ class PostgresReplica:
                                    "replica does not hold; nothing applied")
             record = rows.get(row)
             if record is None:
-                record = rows[row] = ([], [], [], [None] * (2 * width))
-            record[0].append(column)
+                record = rows[row] = (bytearray(width), [None] * (2 * width))
+            flags = 1
             if value is not ABSENT:
                 if type(value) is not table.kinds[i]:
                     _check(table, i, value)  # type: ignore[arg-type]
-                record[3][i] = value
-                record[1].append(column)
+                record[1][i] = value
+                flags |= 2
             old = before.get(cell, ABSENT)
             if old is not ABSENT:
                 if type(old) is not table.kinds[i]:
                     _check(table, i, old)  # type: ignore[arg-type]
-                record[3][width + i] = old
-                record[2].append(column)
+                record[1][width + i] = old
+                flags |= 4
+            record[0][i] = flags
         per_table = []
         for table, rows in by_table.values():
             keys = list(rows)
@@ -648,11 +646,9 @@ class PostgresReplica:
             arrays = [
                 keys if pack_key is None or any(type(k) is not kind for k in keys)
                 else pack_key(keys),
-                _pack_names([",".join(r[0]) for r in records]),
-                _pack_names([",".join(r[1]) for r in records]),
-                _pack_names([",".join(r[2]) for r in records]),
+                _pack_flags([bytes(r[0]) for r in records]),
                 *(pack(list(values)) for pack, values in zip(
-                    table.pack_values, zip(*(r[3] for r in records), strict=True), strict=True)),
+                    table.pack_values, zip(*(r[1] for r in records), strict=True), strict=True)),
             ]
             per_table.append((table, arrays))
         return per_table
