@@ -105,26 +105,14 @@ def _packer(typname: str, oid: int, encoding: str) -> Packer:
     psycopg dumps and the server refuses, as it always did."""
     code = _FIXED_WIDTH.get(typname)
     if code is not None:
-        item, size = "i" + code, struct.calcsize(code)
+        size, pack_item = struct.calcsize(code), struct.Struct(">i" + code).pack
 
         def pack_fixed(values: list[Any]) -> Any:
-            n = len(values)
             try:
-                if None not in values:
-                    items = [size] * (2 * n)
-                    items[1::2] = values
-                    return _Packed(struct.pack(f">iiIii{item * n}", 1, 0, oid, n, 1, *items))
-                layout, items = [">iiIii"], [1, 1, oid, n, 1]
-                for value in values:
-                    if value is None:
-                        layout.append("i")
-                        items.append(-1)
-                    else:
-                        layout.append(item)
-                        items += (size, value)
-                return _Packed(struct.pack("".join(layout), *items))
+                data = b"".join([_NULL if v is None else pack_item(size, v) for v in values])
             except struct.error:
                 return values
+            return _Packed(_ARRAY_HEADER.pack(1, None in values, oid, len(values), 1) + data)
 
         return pack_fixed
     assert typname in ("text", "varchar", "bytea"), typname
@@ -603,6 +591,8 @@ class PostgresReplica:
         name: str | None = None
         table: _Table | None = None
         rows: dict[RowKey, _Record] = {}
+        index: Mapping[str, int] = {}
+        kinds: tuple[type, ...] = ()
         width = 0
         for cell, value in merged.items():
             if cell[0] != name:
@@ -615,10 +605,9 @@ class PostgresReplica:
                             f"not hold ({sorted(self._tables)}); nothing applied")
                     by_table[name] = (table, {})
                 table, rows = by_table[name]
-                width = len(table.columns)
-            assert table is not None
+                index, kinds, width = table.index, table.kinds, len(table.columns)
             _, row, column = cell
-            i = table.index.get(column)
+            i = index.get(column)
             if i is None:
                 raise ReplicaError(f"a changeset writes column {name}.{column}, which this "
                                    "replica does not hold; nothing applied")
@@ -627,13 +616,15 @@ class PostgresReplica:
                 record = rows[row] = (bytearray(width), [None] * (2 * width))
             flags = 1
             if value is not ABSENT:
-                if type(value) is not table.kinds[i]:
+                if type(value) is not kinds[i]:
+                    assert table is not None
                     _check(table, i, value)  # type: ignore[arg-type]
                 record[1][i] = value
                 flags |= 2
             old = before.get(cell, ABSENT)
             if old is not ABSENT:
-                if type(old) is not table.kinds[i]:
+                if type(old) is not kinds[i]:
+                    assert table is not None
                     _check(table, i, old)  # type: ignore[arg-type]
                 record[1][width + i] = old
                 flags |= 4
