@@ -162,7 +162,7 @@ class _Plan:
     cells: int
     stored: str
     token: str
-    arrays: list[tuple[_Table, list[list[Any]]]]
+    arrays: list[tuple[_Table, list[Any]]]
 
 
 class _TokenMoved(Exception):
