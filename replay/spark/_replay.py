@@ -313,11 +313,12 @@ class LogReplay:
     @cached_property
     def _expected(self) -> DataFrame:
         """Each epoch of a complete interval, as its record states it."""
-        assert self._epoch_rows is not None
+        index = self.epochs.index()  # pass 1 first: it makes the rows
         rows = self._epoch_rows
+        assert rows is not None
         if self.epochs.copies:  # identical copies (checked in pass 1): keep one
             rows = rows.dropDuplicates(["domain", "epoch"])
-        placed = rows.mapInArrow(place_epochs(self.epochs.index()), spark_schema(PLACED_EPOCHS))
+        placed = rows.mapInArrow(place_epochs(index), spark_schema(PLACED_EPOCHS))
         # Per-table counts are checked where the record has them (as the assembler
         # does); sorted, to compare with Spark's sorted array.
         tables = F.when((F.size("tables") > 0) & (F.col("events") != 0),

@@ -246,7 +246,8 @@ def test_a_corrupt_fragment_is_refused(spark: Any, tmp_path: Path, small: Logged
     """A fragment whose bytes no longer match the manifest: CorruptFragment, named."""
     copy = tmp_path / "log"
     shutil.copytree(small.path, copy)
-    fragment = LogReader(f"file://{copy}").scan()[1]
+    fragments = LogReader(f"file://{copy}").scan()  # how many depends on the writers' pace
+    fragment = fragments[len(fragments) // 2]
     good = LogReader(f"file://{copy}").fetch(fragment)
     from sinks.wal3 import encode_fragment
 
