@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 from replay._errors import InconsistentLog
-from sequencer import EpochRecord
 from sinks.codec import SnapshotChunk, decode_key, encode_key
 
 __all__ = ["COVERS", "Baseline", "BaselineTable", "ChunkHeader", "build_baselines",
@@ -155,19 +155,18 @@ class BaselineTable:
         found = self.baselines.get(domain_id)
         return found[0] if found else None
 
-    def whole_from(self, domain_id: int, points: list[EpochRecord]) -> int | None:
-        """The first quiescence point at or after the domain's first baseline's last
-        chunk (from there its states are the store's); None: no baseline. -1: the
-        baseline is not complete in this log (its states are partial from its start)."""
+    def whole_from(self, domain_id: int, points: np.ndarray) -> int | None:
+        """The first quiescence point (of the domain's, ``points``: their seqs in order)
+        at or after the domain's first baseline's last chunk (from there its states are
+        the store's); None: no baseline. -1: the baseline is not complete in this log
+        (its states are partial from its start)."""
         first = self.first(domain_id)
         if first is None:
             return None
         if not first.complete:
             return -1
-        for record in points:
-            if record.epoch_seq >= first.end:
-                return record.epoch_seq
-        return -1
+        at = int(np.searchsorted(points, first.end, side="left"))
+        return int(points[at]) if at < len(points) else -1
 
     def accepted(self) -> frozenset[tuple[int, int, int]]:
         """(domain, baseline, index) of every chunk placed in the replay."""
@@ -176,10 +175,11 @@ class BaselineTable:
 
 
 def build_baselines(headers: Iterable[ChunkHeader],
-                    points: dict[int, list[EpochRecord]]) -> BaselineTable:
+                    points: Mapping[int, np.ndarray]) -> BaselineTable:
     """Check the chunks' setsums, order and tiling; keep those at known points.
 
-    ``points`` are each domain's quiescence points in the verified log: a chunk placed
+    ``points`` are each domain's quiescence points (seqs, in order) in the verified
+    log: a chunk placed
     after the last of them (the log's tail) waits, as its interval does.
     """
     by_key: dict[tuple[int, int, int], ChunkHeader] = {}
@@ -200,8 +200,9 @@ def build_baselines(headers: Iterable[ChunkHeader],
         grouped.setdefault((h.domain_id, h.baseline_id), []).append(h)
     result: dict[int, list[Baseline]] = {}
     for (domain_id, baseline_id), chunks in grouped.items():
-        known_points = {r.epoch_seq for r in points.get(domain_id, [])}
-        last_point = max(known_points, default=0)
+        seqs = points.get(domain_id, np.zeros(0, dtype=np.int64))
+        known_points = set(seqs.tolist())
+        last_point = int(seqs[-1]) if len(seqs) else 0
         chunks.sort(key=lambda c: c.index)
         kept: list[ChunkHeader] = []
         for c in chunks:

@@ -35,7 +35,6 @@ from pyspark.sql import functions as F
 from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._frames import CELL, table_frame
-from sequencer import EpochRecord
 from sinks.wal3 import StateDelta, split_key
 
 __all__ = ["Compacted", "Resumed"]
@@ -86,15 +85,15 @@ class Compacted:
         """Where each domain's epochs resume after the newest retained point."""
         return self.frontiers[-1]
 
-    def retained(self) -> dict[int, list[EpochRecord]]:
-        """Each domain's quiescence points the objects stand for, in order (records with
-        no events: they are never verified, only named by positions)."""
-        out: dict[int, list[EpochRecord]] = {}
+    def retained(self) -> dict[int, list[Position]]:
+        """Each domain's quiescence points the objects stand for, in order (they are
+        never verified, only named by positions)."""
+        out: dict[int, list[Position]] = {}
         for frontier in self.frontiers:
             for d, p in frontier.items():
                 points = out.setdefault(d, [])
                 if not points or points[-1].epoch_seq != p.epoch_seq:
-                    points.append(EpochRecord(d, p.epoch_seq, p.end_id, p.end_id, 0, True))
+                    points.append(Position(d, p.epoch_seq, p.end_id))
         return out
 
     def check_point(self, p: Position) -> None:
@@ -171,8 +170,8 @@ class Resumed:
     def starts(self) -> dict[int, Position]:
         return self.frontier
 
-    def retained(self) -> dict[int, list[EpochRecord]]:
-        return {d: [EpochRecord(d, p.epoch_seq, p.end_id, p.end_id, 0, True)]
+    def retained(self) -> dict[int, list[Position]]:
+        return {d: [Position(d, p.epoch_seq, p.end_id)]
                 for d, p in self.frontier.items()}
 
     def check_point(self, p: Position) -> None:

@@ -3,10 +3,10 @@
 These functions run inside Spark's Python workers (``mapInArrow``); they use pyarrow and
 numpy only, never a SparkSession. Two passes over the same fragments:
 
-1. ``metadata_rows``: every record that is not an EVENTS message (epoch records, and
-   any kind a newer writer adds), as raw bodies for the driver to decode. They are few.
-   A SNAPSHOT chunk comes as its header only, with the setsum its cells add up to
-   (``_baselines.chunk_header``): its cells stay in the executors.
+1. ``_epoch_rows.metadata_rows``: every record that is not an EVENTS message: epoch
+   records as rows (an EPOCHS run's columns as they are), a SNAPSHOT chunk as its
+   header only, with the setsum its cells add up to (``_baselines.chunk_header``): its
+   cells stay in the executors.
 2. ``event_rows``: every event, placed in its epoch and quiescent interval with the
    epoch index the driver built from pass 1, plus one row per *segment* carrying its
    SHA3 digest and the digest's 8 setsum lanes, so Spark sums setsums as plain integers,
@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay.spark._baselines import chunk_header
 from replay.spark._source import fragment_records
 from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode, segment_digests
 from sinks.wal3 import LogReader
@@ -40,11 +39,10 @@ __all__ = [
     "KIND_BASELINE",
     "KIND_EVENT",
     "KIND_SEGMENT",
-    "METADATA_ROWS",
     "DomainEpochs",
     "EpochIndex",
+    "fragment_records_of",
     "event_rows",
-    "metadata_rows",
 ]
 
 KIND_EVENT: Final = "e"
@@ -54,11 +52,6 @@ _KIND_BYTE_EVENTS: Final = 0x01  # sinks.codec: MAGIC (3) | version (1) | kind (
 _KIND_BYTE_SNAPSHOT: Final = 0x03
 
 FRAGMENTS: Final = pa.schema([pa.field("fragment", pa.string())])
-METADATA_ROWS: Final = pa.schema([
-    pa.field("offset", pa.int64()),
-    pa.field("body", pa.binary()),  # null for a SNAPSHOT chunk: see ``chunk``
-    pa.field("chunk", pa.string()),  # a SNAPSHOT chunk's header (JSON), else null
-])
 _LANES: Final = [pa.field(f"l{i}", pa.int64()) for i in range(8)]
 EVENT_ROWS: Final = pa.schema([
     pa.field("kind", pa.string()),
@@ -118,7 +111,7 @@ class EpochIndex:
         return found.locate(batch_ids)
 
 
-def _fragments(batches: Iterable[pa.RecordBatch], reader: LogReader
+def fragment_records_of(batches: Iterable[pa.RecordBatch], reader: LogReader
                ) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
     for batch in batches:
         for text in batch.column("fragment").to_pylist():
@@ -127,35 +120,13 @@ def _fragments(batches: Iterable[pa.RecordBatch], reader: LogReader
             yield text, fragment_records(text, reader)
 
 
-def metadata_rows(uri: str, prefix: str, endpoint_url: str | None
-                  ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
-    """Pass 1: the raw bodies of every non-EVENTS record, with their offsets."""
-
-    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        reader = LogReader(uri, prefix, endpoint_url=endpoint_url)
-        for _, records in _fragments(batches, reader):
-            keep = [(o, b) for o, b in records if len(b) < 5 or b[4] != _KIND_BYTE_EVENTS]
-            if keep:
-                offsets, bodies, chunks = [], [], []
-                for offset, body in keep:
-                    chunk = _chunk(body)
-                    offsets.append(offset)
-                    bodies.append(None if chunk is not None else body)
-                    chunks.append(None if chunk is None else chunk_header(chunk))
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(offsets, pa.int64()), pa.array(bodies, pa.binary()),
-                     pa.array(chunks, pa.string())], schema=METADATA_ROWS)
-
-    return run
-
-
 def event_rows(uri: str, prefix: str, endpoint_url: str | None, index: EpochIndex
                ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
     """Pass 2: one row per event and one per segment, placed with ``index``."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         reader = LogReader(uri, prefix, endpoint_url=endpoint_url)
-        for _, records in _fragments(batches, reader):
+        for _, records in fragment_records_of(batches, reader):
             out = []
             for offset, body in records:
                 chunk = _chunk(body)

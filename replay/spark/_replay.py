@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Final, Literal
 
+import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -47,11 +48,23 @@ from replay.spark._decode import (
     KIND_BASELINE,
     KIND_EVENT,
     KIND_SEGMENT,
-    METADATA_ROWS,
     event_rows,
-    metadata_rows,
 )
-from replay.spark._epochs import EpochTable, build_epoch_table, decode_metadata
+from replay.spark._epoch_rows import (
+    EPOCH_FIELDS,
+    METADATA_ROWS,
+    PLACED_EPOCHS,
+    metadata_rows,
+    place_epochs,
+    record_rows,
+    rows_to_records,
+)
+from replay.spark._epochs import (
+    EpochColumns,
+    EpochTable,
+    build_epoch_table,
+    read_metadata,
+)
 from replay.spark._errors import executor_errors
 from replay.spark._frames import CELL, absent, as_unsigned, spark_schema, table_frame
 from replay.spark._kafka import (
@@ -81,14 +94,6 @@ _IDENTITY: Final = ["domain", "batch", "seq"]
 Progress = Callable[[str], None] | None
 ChangeStyle = Literal["before_after", "delta"]
 
-_EXPECTED: Final = pa.schema([
-    pa.field("domain", pa.int64()), pa.field("epoch", pa.int64()), pa.field("q", pa.int64()),
-    pa.field("begin_id", pa.decimal128(20, 0)), pa.field("end_id", pa.decimal128(20, 0)),
-    pa.field("quiescent", pa.bool_()), pa.field("expected_events", pa.int64()),
-    pa.field("expected_tables", pa.list_(pa.struct([
-        pa.field("table", pa.string()), pa.field("events", pa.int64())]))),
-    pa.field("setsum", pa.string()), *[pa.field(f"e{i}", pa.int64()) for i in range(8)],
-])
 _POINTS: Final = pa.schema([
     pa.field("domain", pa.int64()), pa.field("q", pa.int64()),
     pa.field("_position", pa.string()), pa.field("_end_id", pa.decimal128(20, 0)),
@@ -150,7 +155,9 @@ class LogReplay:
         self._markers: MarkerOffsets = {}
         self._compacted: Compacted | Resumed | None = None
         # (domain, epoch) -> offset of each quiescence point's record (pass 1; _stream)
-        self.quiescent_offsets: dict[tuple[int, int], int] = {}
+        self.quiescent_offsets = EpochColumns.from_records([]).quiescent_offsets()
+        # pass 1's epoch records as rows (``_epoch_rows.METADATA_ROWS``), for _expected
+        self._epoch_rows: DataFrame | None = None
         self._shares: list[EpochRecord] = []  # a topic's partition markers (_kafka)
         # a topic's markers and chunk headers as pass 1 found them (_topic_resume)
         self.topic_metadata: tuple[list[tuple[int, int, bytes, bytes]],
@@ -209,24 +216,44 @@ class LogReplay:
                 markers, s.partitions,
                 None if self._compacted is None else self._compacted.starts())
             self._shares = vouched_shares(markers, records)
+            columns = EpochColumns.from_records(records)
+            self._epoch_rows = self.spark.createDataFrame(record_rows(records))
         else:
-            with executor_errors():
-                rows = self._fragments.mapInArrow(
-                    metadata_rows(s.uri, s.prefix, s.endpoint_url),
-                    spark_schema(METADATA_ROWS)).collect()
-            records, chunks = decode_metadata(
-                ((int(r["offset"]), None if r["body"] is None else bytes(r["body"]),
-                  r["chunk"]) for r in sorted(rows, key=lambda r: int(r["offset"]))),
-                self.quiescent_offsets)
+            columns, chunks = self._read_epochs(s)
         c = self._compacted
-        table = (build_epoch_table(records) if c is None
-                 else build_epoch_table(records, c.starts(), c.retained()))
-        baselines = build_baselines(chunks, table.intervals)
+        table = (build_epoch_table(columns) if c is None
+                 else build_epoch_table(columns, c.starts(), c.retained()))
+        baselines = build_baselines(
+            chunks, {d: points.seqs for d, points in table.intervals.items()})
         self._say(f"{sum(map(len, table.epochs.values()))} epochs in "
                   f"{len(table.epochs)} domain(s), "
                   f"{sum(map(len, table.intervals.values()))} quiescence points"
                   + (f", {len(baselines.accepted())} baseline chunk(s)" if baselines else ""))
         return table, baselines
+
+    def _read_epochs(self, s: LogSource) -> tuple[EpochColumns, list[ChunkHeader]]:
+        """Pass 1 over a wal3 log: its epoch records stay in Spark as rows (cached for
+        ``_expected``); the driver collects, as Arrow columns, what it checks: ids,
+        offsets and a 64-bit fingerprint of each record (two copies of one epoch must
+        agree; a hash collision between two different copies is the only way past)."""
+        rows = self._persist(self._fragments.mapInArrow(
+            metadata_rows(s.uri, s.prefix, s.endpoint_url), spark_schema(METADATA_ROWS)))
+        self._epoch_rows = rows.filter(F.col("domain").isNotNull())
+
+        def describe(domain_id: int, epoch_seq: int) -> str:
+            copies = rows.filter((F.col("domain") == F.lit(_signed(domain_id)))
+                                 & (F.col("epoch") == F.lit(epoch_seq)))
+            found = dict.fromkeys(rows_to_records(copies.toArrow()))
+            return " and ".join(map(str, found))
+
+        lean = rows.select("offset", "chunk", "problem", "domain", "epoch", "begin_id",
+                           "end_id", "quiescent", F.xxhash64(*EPOCH_FIELDS).alias(
+                               "fingerprint"))
+        with executor_errors():
+            table = lean.toArrow()
+        columns, chunks = read_metadata(table, describe)
+        self.quiescent_offsets = columns.quiescent_offsets()
+        return columns, chunks
 
     @property
     def epochs(self) -> EpochTable:
@@ -286,26 +313,21 @@ class LogReplay:
     @cached_property
     def _expected(self) -> DataFrame:
         """Each epoch of a complete interval, as its record states it."""
-        cols: dict[str, list[object]] = {f.name: [] for f in _EXPECTED}
-        index = self.epochs.index()
-        for domain_id, epochs in self.epochs.epochs.items():
-            qs = index.domains[domain_id].q.tolist()
-            for record, q in zip(epochs, qs, strict=True):
-                if q < 0:
-                    continue  # the tail: not verified until its quiescence point comes
-                lanes = _lanes(record.setsum)
-                # Per-table counts are checked where the record has them (as the
-                # assembler does); sorted, to compare with Spark's sorted array.
-                tables = ([{"table": t, "events": n} for t, n in sorted(record.table_counts)]
-                          if record.table_counts and record.event_count else None)
-                for name, value in (("domain", _signed(domain_id)), ("epoch", record.epoch_seq),
-                                    ("q", q), ("begin_id", record.begin_id),
-                                    ("end_id", record.end_id), ("quiescent", record.quiescent),
-                                    ("expected_events", record.event_count),
-                                    ("expected_tables", tables), ("setsum", record.setsum),
-                                    *((f"e{i}", lanes[i]) for i in range(8))):
-                    cols[name].append(value)
-        return table_frame(self.spark, _EXPECTED, cols)
+        index = self.epochs.index()  # pass 1 first: it makes the rows
+        rows = self._epoch_rows
+        assert rows is not None
+        if self.epochs.copies:  # identical copies (checked in pass 1): keep one
+            rows = rows.dropDuplicates(["domain", "epoch"])
+        placed = rows.mapInArrow(place_epochs(index), spark_schema(PLACED_EPOCHS))
+        # Per-table counts are checked where the record has them (as the assembler
+        # does); sorted, to compare with Spark's sorted array.
+        tables = F.when((F.size("tables") > 0) & (F.col("events") != 0),
+                        F.array_sort("tables"))
+        return placed.select(
+            "domain", "epoch", "q", as_unsigned(F.col("begin_id")).alias("begin_id"),
+            as_unsigned(F.col("end_id")).alias("end_id"), "quiescent",
+            F.col("events").alias("expected_events"), tables.alias("expected_tables"),
+            F.lower(F.hex("setsum")).alias("setsum"), *(f"e{i}" for i in range(8)))
 
     @cached_property
     def _complete(self) -> DataFrame:
@@ -334,9 +356,10 @@ class LogReplay:
         report = (self._expected.join(found, ["domain", "epoch"], "left")
                   .join(sums, ["domain", "epoch"], "left")
                   .fillna(0, ["events", *_LANES]))
-        setsum_ok = F.lit(True)
-        for i, prime in enumerate(SETSUM_PRIMES):
-            setsum_ok = setsum_ok & (F.pmod(F.col(f"l{i}"), F.lit(prime)) == F.col(f"e{i}"))
+        # one parsed expression, not 40 column calls through py4j (a small log's replay
+        # is mostly such calls)
+        setsum_ok = F.expr(" AND ".join(f"pmod(l{i}, {prime}) = e{i}"
+                                        for i, prime in enumerate(SETSUM_PRIMES)))
         tables_ok = F.col("expected_tables").isNull() | F.coalesce(
             F.col("expected_tables") == F.col("tables"), F.lit(False))
         return self._persist(report.select(
@@ -502,7 +525,9 @@ class LogReplay:
         when replayed from nothing: its first baseline's last chunk (or the next point).
         None: the domain has no baseline (whole from its start, as an empty store);
         -1: its first baseline is not complete in this log."""
-        return self.baselines.whole_from(domain_id, self.epochs.intervals.get(domain_id, []))
+        points = self.epochs.intervals.get(domain_id)
+        return self.baselines.whole_from(
+            domain_id, np.zeros(0, dtype=np.int64) if points is None else points.seqs)
 
     def _check_whole(self, frontier: Frontier) -> None:
         """Refuse a point inside a domain's first baseline: its state there is partial."""
@@ -570,22 +595,21 @@ class LogReplay:
         out = []
         for p in self.frontier(end, fill=False):
             d = p.domain_id
-            points = [r.epoch_seq for r in self.epochs.intervals.get(d, [])]
+            points = self.epochs.intervals[d]
             limit: int | None = p.epoch_seq
             first, whole = self.baselines.first(d), self.whole_from(d)
             if first is not None and whole is not None and (
                     whole < 0 or p.epoch_seq < whole) and p.epoch_seq >= first.start:
-                limit = max((q for q in points if q < first.start), default=None)
+                limit = points.last_before(first.start)
             for failure in sorted(self._failures.get(d, []), key=lambda f: f.q):
                 if limit is None or failure.q > limit:
                     break
                 if failure.forgiven and whole is not None and 0 <= whole <= limit:
                     continue
-                known = self.epochs.epochs[d]
-                behind = (known[-1].epoch_seq if known else 0) - failure.epoch_seq
+                behind = self.epochs.epochs[d].last_seq() - failure.epoch_seq
                 if failure.cell is None or behind > HOLD_LIMIT_EPOCHS:
                     raise failure.error()
-                limit = max((q for q in points if q < failure.q), default=None)
+                limit = points.last_before(failure.q)
             if limit is not None:
                 out.append(self.epochs.position(d, limit))
         return Frontier.of(out)
@@ -620,12 +644,11 @@ class LogReplay:
     def _points(self) -> DataFrame:
         cols: dict[str, list[object]] = {f.name: [] for f in _POINTS}
         for domain_id, points in self.epochs.intervals.items():
-            for record in points:
+            for point in points:
                 cols["domain"].append(_signed(domain_id))
-                cols["q"].append(record.epoch_seq)
-                cols["_position"].append(str(Position(domain_id, record.epoch_seq,
-                                                      record.end_id)))
-                cols["_end_id"].append(record.end_id)
+                cols["q"].append(point.epoch_seq)
+                cols["_position"].append(str(point))
+                cols["_end_id"].append(point.end_id)
         return table_frame(self.spark, _POINTS, cols)
 
     def changesets(self, start: str | Position | Frontier | None = None,
@@ -719,10 +742,4 @@ def _delta_style(rows: DataFrame) -> DataFrame:
     return (rows.select(*keep, images.alias("i"))
             .filter(F.col("i.value") != absent())  # an insert has no preimage, a delete
             .select(*keep, "i.value", "i._change_type"))  # no postimage
-
-
-def _lanes(hexdigest: str) -> list[int]:
-    import struct
-
-    return list(struct.unpack("<8I", bytes.fromhex(hexdigest)))
 

@@ -20,8 +20,10 @@ from replay.spark._cells import (
     KIND_RESET,
     walk_cells,
 )
-from replay.spark._decode import FRAGMENTS, KIND_EVENT, KIND_SEGMENT, event_rows, metadata_rows
-from replay.spark._epochs import UnsupportedRecord, build_epoch_table, decode_metadata
+from replay.spark._decode import FRAGMENTS, KIND_EVENT, KIND_SEGMENT, event_rows
+from replay.spark._epoch_rows import EPOCH_FIELDS, METADATA_ROWS, metadata_batch, metadata_rows
+from replay.spark._epochs import EpochColumns, EpochTable, UnsupportedRecord, read_metadata
+from replay.spark._epochs import build_epoch_table as build_from_columns
 from sequencer import EpochRecord
 from sinks._setsum import Setsum
 from sinks.wal3 import LogReader
@@ -33,6 +35,19 @@ def _epoch(seq: int, begin: int, end: int, quiescent: bool = True, domain: int =
     return EpochRecord(domain_id=domain, epoch_seq=seq, begin_id=begin, end_id=end,
                        event_count=0, quiescent=quiescent, table_counts=(),
                        setsum=Setsum().hexdigest(), stream=None)
+
+
+def build_epoch_table(records: list[EpochRecord]) -> EpochTable:
+    return build_from_columns(EpochColumns.from_records(records))
+
+
+def collected(batches: list[pa.RecordBatch]) -> pa.Table:
+    """Pass 1's rows as the driver collects them, with a fingerprint per record (Spark
+    computes it with xxhash64; any hash of the record's fields does here)."""
+    table = pa.Table.from_batches(batches, schema=METADATA_ROWS)
+    prints = [hash(tuple(json.dumps(row[f], default=bytes.hex) for f in EPOCH_FIELDS))
+              for row in table.to_pylist()]
+    return table.append_column("fingerprint", pa.array(prints, pa.int64()))
 
 
 def test_epochs_tile_from_zero_and_number_intervals() -> None:
@@ -63,13 +78,14 @@ def test_epoch_faults_are_refused(records: list[EpochRecord], match: str) -> Non
 def test_a_missing_epoch_in_the_tail_is_only_the_tail() -> None:
     """No quiescence point after the gap: the log's tail, not an error."""
     table = build_epoch_table([_epoch(1, 0, 10), _epoch(3, 20, 30, False)])
-    assert [r.epoch_seq for r in table.epochs[7]] == [1]
+    assert table.epochs[7].seqs.tolist() == [1]
 
 
 def test_unknown_record_kinds_are_refused() -> None:
     """Bytes that are no record this reader knows: UnsupportedRecord naming the offset."""
+    rows = collected(metadata_batch([(9, b"CDC\x01\x7f")]))
     with pytest.raises(UnsupportedRecord, match="offset 9"):
-        decode_metadata([(9, b"CDC\x01\x7f", None)])
+        read_metadata(rows, lambda d, e: "")
 
 
 def test_executor_functions_place_every_event(tmp_path: Path) -> None:
@@ -80,12 +96,10 @@ def test_executor_functions_place_every_event(tmp_path: Path) -> None:
     frags = pa.RecordBatch.from_arrays(
         [pa.array([json.dumps(json.loads(f.to_json())) for f in reader.scan()])],
         schema=FRAGMENTS)
-    meta = pa.Table.from_batches(list(metadata_rows(logged.uri, "", None)([frags])))
-    records, chunks = decode_metadata(zip(meta.column("offset").to_pylist(),
-                                          meta.column("body").to_pylist(),
-                                          meta.column("chunk").to_pylist(), strict=True))
+    meta = collected(list(metadata_rows(logged.uri, "", None)([frags])))
+    columns, chunks = read_metadata(meta, lambda d, e: "")
     assert not chunks
-    table = build_epoch_table(records)
+    table = build_from_columns(columns)
     rows = pa.Table.from_batches(list(event_rows(logged.uri, "", None, table.index())([frags])))
     kinds = rows.column("kind").to_pylist()
     events = kinds.count(KIND_EVENT)
