@@ -179,8 +179,8 @@ def build_baselines(headers: Iterable[ChunkHeader],
     """Check the chunks' setsums, order and tiling; keep those at known points.
 
     ``points`` are each domain's quiescence points (seqs, in order) in the verified
-    log: a chunk placed
-    after the last of them (the log's tail) waits, as its interval does.
+    log: a chunk placed after the last of them (the log's tail) waits, as its interval
+    does.
     """
     by_key: dict[tuple[int, int, int], ChunkHeader] = {}
     for h in headers:

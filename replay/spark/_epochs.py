@@ -157,11 +157,6 @@ class Points:
             return Position(self.domain_id, epoch_seq, int(self.ends[at]))
         return None
 
-    def first_from(self, epoch_seq: int) -> int | None:
-        """The first point at or after ``epoch_seq``."""
-        at = int(np.searchsorted(self.seqs, epoch_seq, side="left"))
-        return int(self.seqs[at]) if at < len(self.seqs) else None
-
     def last_before(self, epoch_seq: int) -> int | None:
         """The last point before ``epoch_seq``."""
         at = int(np.searchsorted(self.seqs, epoch_seq, side="left"))
