@@ -167,29 +167,17 @@ _JVM_OUT_OF_MEMORY = 52
 
 def _jvm_exit(spark: Any) -> int | None:
     """The exit status of the session's JVM if it ended (None: running, or not ours to
-    see). A JVM that died mid-call takes a moment to be reaped: wait a little, unless
-    it still answers (a failed call, not a dead JVM)."""
+    see). A JVM that died mid-call takes a moment to be reaped: wait a little."""
     try:  # (a Spark Connect session has no context, nor a JVM of ours)
         proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     except Exception:
         return None
     if proc is None:
         return None
-    if proc.poll() is None and _answers(spark):
-        return None
     try:
         return int(proc.wait(timeout=3))
     except subprocess.TimeoutExpired:
         return None
-
-
-def _answers(spark: Any) -> bool:
-    """Whether the session's JVM answers a trivial call."""
-    try:
-        spark.sparkContext._jvm.java.lang.System.nanoTime()
-    except Exception:
-        return False
-    return True
 
 
 def _jvm_ended(status: int | None, args: argparse.Namespace) -> str:

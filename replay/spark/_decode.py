@@ -112,7 +112,7 @@ class EpochIndex:
 
 
 def fragment_records_of(batches: Iterable[pa.RecordBatch], reader: LogReader
-               ) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
+                        ) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
     for batch in batches:
         for text in batch.column("fragment").to_pylist():
             # a fragment, the part of one from an offset, or a checkpoint's carried

@@ -59,6 +59,7 @@ METADATA_ROWS: Final = pa.schema([
 PLACED_EPOCHS: Final = pa.schema([pa.field("q", pa.int64()), *METADATA_ROWS])
 
 _KIND_BYTE_EVENTS: Final = 0x01  # sinks.codec: MAGIC (3) | version (1) | kind (1)
+_KIND_BYTE_SNAPSHOT: Final = 0x03
 _SUPPORTED: Final = "replay.spark handles events, epoch records and snapshot chunks only"
 
 
@@ -113,7 +114,7 @@ class _Rows:
                          "stream", "setsum", "tables", *(f"e{i}" for i in range(8))):
                 c[name].append(None)
             return
-        digest = bytes.fromhex(record.setsum)
+        digest = bytes.fromhex(record.setsum) if record.setsum else bytes(32)  # as the codec
         for name, value in (("domain", record.domain_id), ("epoch", record.epoch_seq),
                             ("begin_id", record.begin_id), ("end_id", record.end_id),
                             ("events", record.event_count)):
@@ -144,6 +145,8 @@ def metadata_batch(records: Iterable[tuple[int, bytes]]) -> list[pa.RecordBatch]
         try:
             decoded = decode(body)
         except CodecError as exc:
+            if body[4:5] == bytes((_KIND_BYTE_SNAPSHOT,)):
+                raise  # a damaged chunk: the job fails with the codec's error
             singles.add(offset, problem=f"record at offset {offset} of the log: {exc}; "
                         f"{_SUPPORTED} (upgrade cdc-agent to read this log)")
             continue

@@ -36,7 +36,7 @@ class UnsupportedRecord(ValueError):
 Describe = Callable[[int, int], str]  # (domain, epoch) -> its different records, named
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EpochColumns:
     """Epoch records as the driver checks them, in log order: one entry per copy.
 
@@ -62,6 +62,9 @@ class EpochColumns:
                                   if (r.domain_id, r.epoch_seq) == (domain_id, epoch_seq))
             return " and ".join(map(str, found))
 
+        for r in records:
+            if r.epoch_seq >= 1 << 63:
+                raise _epoch_out_of_range(r.domain_id, r.epoch_seq, "a record")
         return cls(np.array([r.domain_id for r in records], dtype=np.uint64),
                    np.array([r.epoch_seq for r in records], dtype=np.int64),
                    np.array([r.begin_id for r in records], dtype=np.uint64),
@@ -81,7 +84,7 @@ class EpochColumns:
         return PointOffsets(key_d[first], key_e[first], self.offset[order][first])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PointOffsets:
     """(domain, epoch) -> offset, as sorted arrays (``get`` like a dict's)."""
 
@@ -114,14 +117,28 @@ def read_metadata(table: pa.Table, describe: Describe
     def column(name: str, dtype: type) -> np.ndarray:
         return np.asarray(records.column(name).to_numpy(), dtype=dtype)
 
+    epochs = column("epoch", np.int64)
+    wrapped = np.flatnonzero(epochs < 0)  # an epoch seq past 2**63, as an int64
+    if len(wrapped):
+        i = int(wrapped[0])
+        raise _epoch_out_of_range(
+            int(column("domain", np.int64).view(np.uint64)[i]),
+            int(epochs[i:i + 1].view(np.uint64)[0]),
+            f"the record at offset {int(column('offset', np.int64)[i])} of the log")
     return EpochColumns(
-        column("domain", np.int64).view(np.uint64), column("epoch", np.int64),
+        column("domain", np.int64).view(np.uint64), epochs,
         column("begin_id", np.int64).view(np.uint64), column("end_id", np.int64).view(
             np.uint64), column("quiescent", bool), column("fingerprint", np.int64),
         column("offset", np.int64), describe), chunks
 
 
-@dataclass(frozen=True)
+def _epoch_out_of_range(domain_id: int, epoch_seq: int, where: str) -> InconsistentLog:
+    return InconsistentLog(f"{where} numbers its epoch {epoch_seq}, past 2**63: no writer "
+                           "gets there (a damaged or foreign record)",
+                           domain_id=domain_id, epoch_seq=epoch_seq)
+
+
+@dataclass(frozen=True, eq=False)
 class Prefix:
     """One domain's verified epochs, in order (seqs consecutive)."""
 
@@ -136,7 +153,7 @@ class Prefix:
         return int(self.seqs[-1]) if len(self.seqs) else 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Points:
     """One domain's quiescence points, in order: where its intervals end."""
 
@@ -218,14 +235,18 @@ def build_epoch_table(columns: EpochColumns,
     starts = starts or {}
     retained = retained or {}
     c = columns
-    # Each domain's records after its start, sorted by epoch (copies in log order).
+    # Each domain's records after its start, sorted by epoch (copies in log order): one
+    # sort for all domains, then split where the domain changes.
+    order = np.lexsort((np.arange(len(c.domain)), c.epoch, c.domain))
+    cuts = np.flatnonzero(c.domain[order][1:] != c.domain[order][:-1]) + 1
+    found = {int(c.domain[part[0]]): part for part in np.split(order, cuts) if len(part)}
     rows: dict[int, np.ndarray] = {}
     conflicts = []
-    for domain_id in sorted({*starts, *np.unique(c.domain).tolist()}):
+    for domain_id in sorted({*starts, *found}):
         start = starts.get(domain_id)
         base = 0 if start is None else start.epoch_seq
-        mine = np.flatnonzero((c.domain == np.uint64(domain_id)) & (c.epoch > base))
-        mine = mine[np.argsort(c.epoch[mine], kind="stable")]
+        mine = found.get(domain_id, np.zeros(0, dtype=np.int64))
+        mine = mine[c.epoch[mine] > base]
         rows[domain_id] = mine
         seq = c.epoch[mine]
         first = np.ones(len(mine), dtype=bool)

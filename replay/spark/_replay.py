@@ -243,7 +243,7 @@ class LogReplay:
         def describe(domain_id: int, epoch_seq: int) -> str:
             copies = rows.filter((F.col("domain") == F.lit(_signed(domain_id)))
                                  & (F.col("epoch") == F.lit(epoch_seq)))
-            found = dict.fromkeys(rows_to_records(copies.toArrow()))
+            found = dict.fromkeys(rows_to_records(copies.toArrow().sort_by("offset")))
             return " and ".join(map(str, found))
 
         lean = rows.select("offset", "chunk", "problem", "domain", "epoch", "begin_id",

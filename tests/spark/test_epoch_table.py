@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from replay import InconsistentLog
 from replay._position import Position
+from replay.spark._baselines import ChunkHeader
 from replay.spark._decode import DomainEpochs, EpochIndex
 from replay.spark._epoch_rows import (
     EPOCH_FIELDS,
@@ -30,12 +31,20 @@ from replay.spark._epoch_rows import (
 )
 from replay.spark._epochs import EpochColumns, build_epoch_table, read_metadata
 from sequencer import EpochRecord
-from sinks.codec import EpochRun, encode_epoch, encode_epochs
+from sinks.codec import (
+    CodecError,
+    EpochRun,
+    SnapshotChunk,
+    encode_epoch,
+    encode_epochs,
+    encode_snapshot,
+)
 
 _HIGH = 1 << 63
 
 
-def _reference_table(records: list[EpochRecord], starts: Mapping[int, Position]
+def _reference_table(records: list[EpochRecord], starts: Mapping[int, Position],
+                     retained: Mapping[int, list[Position]]
                      ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Each domain's verified epoch seqs and quiescence points, record by record."""
     by_domain: dict[int, dict[int, EpochRecord]] = {d: {} for d in starts}
@@ -67,12 +76,14 @@ def _reference_table(records: list[EpochRecord], starts: Mapping[int, Position]
             raise InconsistentLog("never arrived", domain_id=domain_id,
                                   epoch_seq=base + len(prefix) + 1)
         epochs[domain_id] = [r.epoch_seq for r in prefix]
-        points[domain_id] = [r.epoch_seq for r in prefix if r.quiescent]
+        points[domain_id] = [*(p.epoch_seq for p in retained.get(domain_id, [])),
+                             *(r.epoch_seq for r in prefix if r.quiescent)]
     return epochs, points
 
 
 @st.composite
-def _logs(draw: st.DrawFn) -> tuple[list[EpochRecord], dict[int, Position]]:
+def _logs(draw: st.DrawFn) -> tuple[list[EpochRecord], dict[int, Position],
+                                    dict[int, list[Position]]]:
     """Two domains' epochs (ids crossing 2**63 in one), shuffled, with copies, some
     altered copies, lost records, torn ids; sometimes a start point (a collected log)."""
     records: list[EpochRecord] = []
@@ -105,7 +116,9 @@ def _logs(draw: st.DrawFn) -> tuple[list[EpochRecord], dict[int, Position]]:
         r = records[i]
         records[i] = EpochRecord(r.domain_id, r.epoch_seq, r.begin_id + 1, r.end_id,
                                  r.event_count, r.quiescent, r.table_counts, r.setsum)
-    return draw(st.permutations(records)), starts
+    retained = {d: [Position(d, seq, seq * 3) for seq in sorted(draw(st.sets(
+        st.integers(1, p.epoch_seq), max_size=3)))] for d, p in starts.items()}
+    return draw(st.permutations(records)), starts, retained
 
 
 def _kind(message: str) -> str:
@@ -116,19 +129,20 @@ def _kind(message: str) -> str:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_logs())
 def test_the_columns_check_epochs_as_record_by_record(
-        log: tuple[list[EpochRecord], dict[int, Position]]) -> None:
+        log: tuple[list[EpochRecord], dict[int, Position], dict[int, list[Position]]]
+) -> None:
     """Same prefix and points per domain, or the same error (domain, epoch, kind)."""
-    records, starts = log
+    records, starts, retained = log
     try:
-        want = _reference_table(records, starts)
+        want = _reference_table(records, starts, retained)
     except InconsistentLog as expected:
         with pytest.raises(InconsistentLog) as got:
-            build_epoch_table(EpochColumns.from_records(records), starts)
+            build_epoch_table(EpochColumns.from_records(records), starts, retained)
         assert (got.value.domain_id, got.value.epoch_seq) == (
             expected.domain_id, expected.epoch_seq)
         assert _kind(str(got.value)) == _kind(str(expected))
         return
-    table = build_epoch_table(EpochColumns.from_records(records), starts)
+    table = build_epoch_table(EpochColumns.from_records(records), starts, retained)
     epochs, points = want
     assert {d: p.seqs.tolist() for d, p in table.epochs.items()} == epochs
     assert {d: p.seqs.tolist() for d, p in table.intervals.items()} == points
@@ -139,6 +153,13 @@ def test_the_columns_check_epochs_as_record_by_record(
         q = table.index().domains[domain_id].q.tolist()
         for seq, closing in zip(prefix.seqs.tolist(), q, strict=True):
             assert closing == min((p for p in points[domain_id] if p >= seq), default=-1)
+    for domain_id, seqs in points.items():  # the lookups on the points
+        held = table.intervals[domain_id]
+        for seq in range(0, max(seqs, default=0) + 2):
+            found = held.find(seq)
+            assert (found is not None) == (seq in seqs)
+            assert found is None or found.epoch_seq == seq
+            assert held.last_before(seq) == max((p for p in seqs if p < seq), default=None)
 
 
 def test_two_different_records_are_named() -> None:
@@ -175,9 +196,50 @@ def test_a_run_becomes_the_rows_its_records_make_alone(records: list[EpochRecord
         assert row["domain"] % (1 << 64) == record.domain_id
 
 
+def test_the_fingerprint_covers_every_field_of_a_record() -> None:
+    """Two copies of one epoch are told apart by a hash of these fields: all of the
+    record's, none of the row's bookkeeping (offset, chunk, problem, lanes)."""
+    bookkeeping = {"offset", "chunk", "problem", *(f"e{i}" for i in range(8))}
+    assert set(EPOCH_FIELDS) == set(METADATA_ROWS.names) - bookkeeping
+
+
+def test_copies_are_told_apart_by_their_fingerprints() -> None:
+    """As collected: copies with one fingerprint are one record, two fingerprints are
+    two different records (named by ``describe``), refused."""
+    record = EpochRecord(3, 1, 0, 5, 0, True, (), "00" * 32)
+    table = pa.Table.from_batches(metadata_batch([(1, encode_epoch(record)),
+                                                  (2, encode_epoch(record))]))
+    same = table.append_column("fingerprint", pa.array([7, 7], pa.int64()))
+    columns, _ = read_metadata(same, lambda d, e: "")
+    assert build_epoch_table(columns).epochs[3].seqs.tolist() == [1]
+    differ = table.append_column("fingerprint", pa.array([7, 8], pa.int64()))
+    columns, _ = read_metadata(differ, lambda d, e: f"the copies of {d}:{e}")
+    with pytest.raises(InconsistentLog, match="the copies of 3:1"):
+        build_epoch_table(columns)
+
+
+def test_an_epoch_past_2_63_is_refused() -> None:
+    """No writer numbers an epoch past 2**63: such a record is refused, not dropped."""
+    record = EpochRecord(3, (1 << 63) + 5, 0, 5, 0, True, (), "00" * 32)
+    table = pa.Table.from_batches(metadata_batch([(6, encode_epoch(record))]))
+    with pytest.raises(InconsistentLog, match=r"offset 6 .* past 2\*\*63"):
+        read_metadata(table.append_column("fingerprint", pa.array([1], pa.int64())),
+                      lambda d, e: "")
+    with pytest.raises(InconsistentLog, match="past 2"):
+        EpochColumns.from_records([record])
+
+
 def test_refused_records_and_chunks_are_rows_too() -> None:
     """A record kind this reader does not know is a row saying why; so is a record the
-    codec cannot read; the driver raises the first by offset."""
+    codec cannot read; the driver raises the first by offset. A chunk is a row of its
+    header; a damaged chunk fails with the codec's error."""
+    chunk = SnapshotChunk.build(9, 3, 50, 0xB, 0, True, None, None, [("t", 1, "c", 5)])
+    rows = pa.Table.from_batches(metadata_batch([(5, encode_snapshot(chunk))]),
+                                 schema=METADATA_ROWS)
+    header = ChunkHeader.parse(rows.column("chunk")[0].as_py())
+    assert (header.domain_id, header.baseline_id, header.epoch_seq) == (9, 0xB, 3)
+    with pytest.raises(CodecError):
+        metadata_batch([(5, encode_snapshot(chunk)[:-3])])
     rows = pa.Table.from_batches(metadata_batch([(12, b"CDC\x01\x7f"), (3, b"CDC\xff\x02")]),
                                  schema=METADATA_ROWS)
     assert [r["problem"] is not None for r in rows.to_pylist()] == [True, True]
