@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from replay._errors import InconsistentLog
+from replay.spark._decode import signed_bits
 from sinks.codec import SnapshotChunk, decode_key, encode_key
 
 __all__ = ["COVERS", "Baseline", "BaselineTable", "ChunkHeader", "build_baselines",
@@ -244,7 +245,7 @@ def covering_chunks(table: BaselineTable
     """Executor side: for each (domain, table, row), each baseline's covering chunk."""
     ranges = {d: [(i == 0, *b.ranges()) for i, b in enumerate(bs)]
               for d, bs in table.baselines.items()}
-    signed = {((d - (1 << 64)) if d >= 1 << 63 else d): r for d, r in ranges.items()}
+    signed = {signed_bits(d): r for d, r in ranges.items()}
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

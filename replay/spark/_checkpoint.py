@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replay._position import Frontier, Position
+from replay.spark._decode import signed_bits
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._frames import CELL, table_frame
 from sinks.wal3 import StateDelta, split_key
@@ -49,9 +50,6 @@ _POINTS: Final = pa.schema([
     pa.field("k", pa.int64()), pa.field("domain", pa.int64()), pa.field("q", pa.int64()),
 ])
 
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _frontier(token: str) -> dict[int, Position]:
@@ -130,16 +128,16 @@ class Compacted:
         for k, (delta, after) in enumerate(zip(self.deltas, self.frontiers, strict=True)):
             for d, p in after.items():
                 points["k"].append(k)
-                points["domain"].append(_signed(d))
+                points["domain"].append(signed_bits(d))
                 points["q"].append(p.epoch_seq)
             moved = [d for d, p in after.items() if previous.get(d) != p]
             single = moved[0] if delta.kind == "stripe" and len(moved) == 1 else None
-            fallback = _signed(max(after)) if after else 0
+            fallback = signed_bits(max(after)) if after else 0
             for i, (key, value) in enumerate(zip(delta.keys, delta.values, strict=True)):
                 table, row, column = split_key(key)
                 domain = delta.domains[i] if delta.domains else single
                 for name, item in (("k", k), ("row_domain", None if domain is None
-                                              else _signed(domain)),
+                                              else signed_bits(domain)),
                                    ("fallback", fallback), ("table", table), ("row", row),
                                    ("column", column), ("reset", value)):
                     rows[name].append(item)
@@ -184,7 +182,7 @@ class Resumed:
     def resets(self, spark: SparkSession, owners: DataFrame) -> DataFrame:
         points: dict[str, list[object]] = {"k": [], "domain": [], "q": []}
         for d, p in self.frontier.items():
-            for name, value in (("k", 0), ("domain", _signed(d)), ("q", p.epoch_seq)):
+            for name, value in (("k", 0), ("domain", signed_bits(d)), ("q", p.epoch_seq)):
                 points[name].append(value)
         cells = spark.read.parquet(self.cells).select(
             F.col("_domain").alias("domain"), *CELL, F.col("value").alias("reset"))

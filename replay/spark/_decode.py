@@ -42,6 +42,7 @@ __all__ = [
     "DomainEpochs",
     "EpochIndex",
     "fragment_records_of",
+    "signed_bits",
     "event_rows",
 ]
 
@@ -155,7 +156,8 @@ def _chunk(body: bytes) -> SnapshotChunk | None:
     return message if isinstance(message, SnapshotChunk) else None
 
 
-def _signed(value: int) -> int:
+def signed_bits(value: int) -> int:
+    """The int64 bit view of a uint64 (how ids travel in Spark columns)."""
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -168,8 +170,8 @@ def _chunk_cells(chunk: SnapshotChunk, offset: int) -> pa.RecordBatch:
     point = pa.array(np.full(n, chunk.epoch_seq, dtype=np.int64))
     return pa.RecordBatch.from_arrays([
         pa.array([KIND_BASELINE] * n, pa.string()),
-        pa.array(np.full(n, _signed(chunk.domain_id), dtype=np.int64)),
-        pa.array(np.full(n, _signed(chunk.baseline_id), dtype=np.int64)),
+        pa.array(np.full(n, signed_bits(chunk.domain_id), dtype=np.int64)),
+        pa.array(np.full(n, signed_bits(chunk.baseline_id), dtype=np.int64)),
         pa.array(np.full(n, chunk.index, dtype=np.int64)),
         point, point,
         data.column("table"), data.column("row"), data.column("column"),

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from replay.spark._baselines import chunk_header
-from replay.spark._decode import EpochIndex, fragment_records_of
+from replay.spark._decode import EpochIndex, fragment_records_of, signed_bits
 from sequencer import EpochRecord
 from sinks.codec import CodecError, EpochRun, SnapshotChunk, decode
 from sinks.wal3 import LogReader
@@ -118,11 +118,11 @@ class _Rows:
         for name, value in (("domain", record.domain_id), ("epoch", record.epoch_seq),
                             ("begin_id", record.begin_id), ("end_id", record.end_id),
                             ("events", record.event_count)):
-            c[name].append(value - (1 << 64) if value >= 1 << 63 else value)
+            c[name].append(signed_bits(value))
         c["quiescent"].append(record.quiescent)
         c["stream"].append(record.stream)
         c["setsum"].append(digest)
-        c["tables"].append([{"table": t, "events": n if n < 1 << 63 else n - (1 << 64)}
+        c["tables"].append([{"table": t, "events": signed_bits(n)}
                             for t, n in record.table_counts])
         for i, lane in enumerate(_lanes(digest)):
             c[f"e{i}"].append(lane)

@@ -43,7 +43,14 @@ from pyspark.sql import functions as F
 from replay._errors import InconsistentLog
 from replay._position import Position
 from replay.spark._baselines import ChunkHeader, chunk_header
-from replay.spark._decode import EVENT_ROWS, KIND_EVENT, KIND_SEGMENT, EpochIndex, _chunk_cells
+from replay.spark._decode import (
+    EVENT_ROWS,
+    KIND_EVENT,
+    KIND_SEGMENT,
+    EpochIndex,
+    _chunk_cells,
+    signed_bits,
+)
 from sequencer import EpochRecord
 from sinks.codec import (
     EVENT_SCHEMA,
@@ -654,9 +661,6 @@ def vouched_shares(markers: Iterable[tuple[int, int, bytes, bytes]],
     return list(shares.values())
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
 
 def share_columns(shares: Iterable[EpochRecord], q_of: Callable[[int, int], int]
                   ) -> dict[str, list[object]]:
@@ -667,7 +671,7 @@ def share_columns(shares: Iterable[EpochRecord], q_of: Callable[[int, int], int]
     for part in shares:
         lanes = struct.unpack("<8I", bytes.fromhex(part.setsum) if part.setsum else bytes(32))
         for name, value in (
-                ("partition", part.stream), ("domain", _signed(part.domain_id)),
+                ("partition", part.stream), ("domain", signed_bits(part.domain_id)),
                 ("epoch", part.epoch_seq), ("q", q_of(part.domain_id, part.epoch_seq)),
                 ("expected_events", part.event_count),
                 ("expected_tables", [{"table": t, "events": n}

@@ -49,6 +49,7 @@ from replay.spark._decode import (
     KIND_EVENT,
     KIND_SEGMENT,
     event_rows,
+    signed_bits,
 )
 from replay.spark._epoch_rows import (
     EPOCH_FIELDS,
@@ -99,10 +100,6 @@ _POINTS: Final = pa.schema([
     pa.field("_position", pa.string()), pa.field("_end_id", pa.decimal128(20, 0)),
 ])
 
-
-def _signed(value: int) -> int:
-    """The int64 bit view of a uint64 (how ids travel in Spark columns)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _frontier(at: str | Position | Frontier | None) -> Frontier | None:
@@ -241,7 +238,7 @@ class LogReplay:
         self._epoch_rows = rows.filter(F.col("domain").isNotNull())
 
         def describe(domain_id: int, epoch_seq: int) -> str:
-            copies = rows.filter((F.col("domain") == F.lit(_signed(domain_id)))
+            copies = rows.filter((F.col("domain") == F.lit(signed_bits(domain_id)))
                                  & (F.col("epoch") == F.lit(epoch_seq)))
             found = dict.fromkeys(rows_to_records(copies.toArrow().sort_by("offset")))
             return " and ".join(map(str, found))
@@ -617,7 +614,7 @@ class LogReplay:
     def _limits(self, frontier: Frontier, column: str = "q") -> Column:
         cond = F.lit(False)
         for p in frontier:
-            cond = cond | ((F.col("domain") == F.lit(_signed(p.domain_id)))
+            cond = cond | ((F.col("domain") == F.lit(signed_bits(p.domain_id)))
                            & (F.col(column) <= F.lit(p.epoch_seq)))
         return cond
 
@@ -645,7 +642,7 @@ class LogReplay:
         cols: dict[str, list[object]] = {f.name: [] for f in _POINTS}
         for domain_id, points in self.epochs.intervals.items():
             for point in points:
-                cols["domain"].append(_signed(domain_id))
+                cols["domain"].append(signed_bits(domain_id))
                 cols["q"].append(point.epoch_seq)
                 cols["_position"].append(str(point))
                 cols["_end_id"].append(point.end_id)
@@ -687,7 +684,7 @@ class LogReplay:
         rows = self._cells.filter(F.col("changed") & self._limits(until)).select(
             "domain", "q", *CELL, "before", "after")
         for p in since or ():
-            rows = rows.filter((F.col("domain") != F.lit(_signed(p.domain_id)))
+            rows = rows.filter((F.col("domain") != F.lit(signed_bits(p.domain_id)))
                                | (F.col("q") > F.lit(p.epoch_seq)))
         for domain_id in self.baselines.baselines:
             whole = self.whole_from(domain_id)
@@ -701,7 +698,7 @@ class LogReplay:
             # From nothing, or from a point before the baseline: the partial intervals
             # up to the point the baseline is whole become one changeset there, from the
             # state held (none, or the state at `begin`) to the baseline's whole state.
-            d = F.lit(_signed(domain_id))
+            d = F.lit(signed_bits(domain_id))
             cell = ["domain", *CELL]
             to = self._state_at(Frontier.of([self.epochs.position(domain_id, whole)]))
             to = to.select(F.col("_domain").alias("domain"), *CELL,

@@ -50,6 +50,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from replay._position import Frontier, Position
 from replay.spark._baselines import points_a_cut_needs
+from replay.spark._decode import signed_bits
 from replay.spark._kafka import KAFKA_SCHEME, parse_topic_uri
 from replay.spark._kafka_points import TopicScan
 
@@ -212,8 +213,7 @@ class _PointsReader(DataSourceStreamReader):
         text = partition.frontier  # type: ignore[attr-defined]
         ends = getattr(partition, "ends", None)
         for p in Frontier.parse(text) if text else ():
-            domain = p.domain_id - (1 << 64) if p.domain_id >= 1 << 63 else p.domain_id
-            yield domain, p.epoch_seq, str(p), ends
+            yield signed_bits(p.domain_id), p.epoch_seq, str(p), ends
 
     def commit(self, end: dict[str, Any]) -> None:
         pass

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final
 
 from replay._position import Frontier
 from replay.spark._checkpoint import Resumed
+from replay.spark._decode import signed_bits
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
@@ -65,9 +66,6 @@ class TopicResumed(Resumed):
     offsets: tuple[int, ...]
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
 
 def pending_events(until: Frontier) -> Column:
     """Rows of ``LogReplay._rows`` a replay resumed at ``until`` still needs: a domain
@@ -77,9 +75,9 @@ def pending_events(until: Frontier) -> Column:
 
     from replay.spark._frames import as_unsigned
 
-    pending = ~F.col("domain").isin([_signed(p.domain_id) for p in until])
+    pending = ~F.col("domain").isin([signed_bits(p.domain_id) for p in until])
     for p in until:
-        pending = pending | ((F.col("domain") == F.lit(_signed(p.domain_id))) & (
+        pending = pending | ((F.col("domain") == F.lit(signed_bits(p.domain_id))) & (
             (F.col("q") > F.lit(p.epoch_seq))
             | (F.col("q").isNull()
                & (as_unsigned(F.col("batch")) >= F.lit(Decimal(p.end_id))))))
