@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from replay import Frontier, InconsistentLog
@@ -178,6 +178,13 @@ _KINDS = ("marker",) * 8 + ("copy", "chunk", "look", "look")
 
 
 @settings(max_examples=60, deadline=None)
+# Three vouched points (2, 4, 6), a look, then a chunk at the last one: the cut is 4, so
+# the look, with no chunk seen yet, must have kept 4; after two more points, still 4.
+@example(
+    steps=[*[("marker", 0, p, False) for _ in range(6) for p in range(PARTITIONS)],
+           ("look", 0, 0, False), ("chunk", 0, 0, False),
+           *[("marker", 0, p, False) for _ in range(2) for p in range(PARTITIONS)]],
+    lost=None)
 @given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 1),
                           st.integers(0, PARTITIONS - 1), st.booleans()),
                 min_size=40, max_size=150),
