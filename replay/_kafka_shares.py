@@ -6,7 +6,7 @@ count, per-table counts and a setsum (``sinks.kafka``). ``KafkaLog`` checks the 
 the marker (so it knows the epoch is complete); the rest is checked here for every share
 of every epoch completed since the last drain: their event messages decoded at once into
 one Arrow batch (``sinks.codec.native_events_batch``),
-sorted by (partition, share, batch, seq), one ``segment_digest_array`` per partition,
+sorted by (partition, share, batch, seq), one ``segment_digests_at`` per partition,
 lanes summed per share in numpy, table counts by one ``bincount``. The same checks as
 ``_kafka_log._check_partition`` does one share at a time, with the same messages.
 """
@@ -19,10 +19,11 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
+from replay._epoch_columns import segment_digests_at
 from replay._errors import InconsistentLog
 from sequencer import EpochRecord
 from sinks import SETSUM_PRIMES, Setsum
-from sinks.codec import CodecError, EventBatch, native_events_batch, segment_digest_array
+from sinks.codec import CodecError, EventBatch, native_events_batch
 
 __all__ = ["CheckedShares", "Share", "check_shares"]
 
@@ -137,7 +138,7 @@ def _check_setsums(shares: list[Share], data: pa.RecordBatch, share_of: np.ndarr
     cuts = np.flatnonzero(np.diff(partition_of)) + 1
     for lo, hi in zip(np.concatenate(([0], cuts)).tolist(),
                       np.concatenate((cuts, [len(partition_of)])).tolist(), strict=True):
-        starts, digests = segment_digest_array(data.slice(lo, hi - lo))
+        starts, digests = segment_digests_at(data.slice(lo, hi - lo))
         lanes = np.frombuffer(digests, dtype="<u4").reshape(-1, 8).astype(np.uint64)
         np.add.at(sums, share_of[lo + starts], lanes)
     sums %= _PRIMES

@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay._epoch_columns import segment_digests_at
 from replay.spark._source import fragment_records
-from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode, segment_digests
+from sinks.codec import SEGMENT_BITS, EventBatch, SnapshotChunk, decode
 from sinks.wal3 import LogReader
 
 __all__ = [
@@ -223,17 +224,11 @@ def _events(data: pa.RecordBatch, offset: int, index: EpochIndex) -> pa.RecordBa
 
 def _segments(data: pa.RecordBatch, offset: int, index: EpochIndex) -> pa.RecordBatch:
     """One row per segment: its identity, digest and setsum lanes (sinks.codec)."""
+    starts, digests = segment_digests_at(data)
+    m = len(starts)
+    domains = data.column("domain_id").to_numpy()[starts]
+    batch_ids = data.column("batch_id").to_numpy()[starts]
     seqs = data.column("seq").to_numpy()
-    found = list(segment_digests(data))
-    # segment_digests yields segments in order; recover each one's number from its start.
-    starts = np.flatnonzero(np.concatenate(([True], (
-        (data.column("domain_id").to_numpy()[1:] != data.column("domain_id").to_numpy()[:-1])
-        | (data.column("batch_id").to_numpy()[1:] != data.column("batch_id").to_numpy()[:-1])
-        | ((seqs[1:] >> SEGMENT_BITS) != (seqs[:-1] >> SEGMENT_BITS))))))
-    m = len(found)
-    domains = np.array([d for d, _, _ in found], dtype=np.uint64)
-    batch_ids = np.array([b for _, b, _ in found], dtype=np.uint64)
-    digests = b"".join(d for _, _, d in found)
     lanes = np.frombuffer(digests, dtype="<u4").reshape(m, 8).astype(np.int64)
     epoch, q = _place(domains, batch_ids, index)
     nothing_str = pa.nulls(m, pa.string())
@@ -245,6 +240,7 @@ def _segments(data: pa.RecordBatch, offset: int, index: EpochIndex) -> pa.Record
         _nullable(epoch), _nullable(q),
         nothing_str, nothing_bin, nothing_str, nothing_bin, nothing_bin,
         pa.array(np.full(m, offset, dtype=np.int64)),
-        pa.array([d for _, _, d in found], pa.binary()),
+        pa.Array.from_buffers(pa.binary(), m, [None, pa.py_buffer(
+            np.arange(0, 32 * m + 1, 32, dtype=np.int32)), pa.py_buffer(digests)]),
         *(pa.array(lanes[:, i]) for i in range(8)),
     ], schema=EVENT_ROWS)

@@ -40,6 +40,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replay._epoch_columns import segment_digests_at
 from replay._errors import InconsistentLog
 from replay._position import Position
 from replay.spark._baselines import ChunkHeader, chunk_header
@@ -68,7 +69,6 @@ from sinks.codec import (
     decode_native_event,
     encode_key,
     encode_value,
-    segment_digest_array,
 )
 
 __all__ = [
@@ -547,7 +547,7 @@ def _segment_batch(data: pa.Table) -> pa.RecordBatch:
         *(data.column(c).combine_chunks().cast(EVENT_SCHEMA.field(c).type)
           for c in ("table", "row", "column", "old", "new")),
     ], schema=EVENT_SCHEMA)
-    starts, digests = segment_digest_array(events)
+    starts, digests = segment_digests_at(events)
     m = len(starts)
     found = np.frombuffer(digests, dtype=np.uint8).reshape(m, 32)
     seg_domain, seg_batch = domain[starts], batch[starts]
@@ -703,7 +703,7 @@ def _share_batch(data: pa.Table) -> pa.RecordBatch:
             *(part.column(c).combine_chunks().cast(EVENT_SCHEMA.field(c).type)
               for c in ("table", "row", "column", "old", "new")),
         ], schema=EVENT_SCHEMA)
-        starts, digests = segment_digest_array(events)
+        starts, digests = segment_digests_at(events)
         lanes = np.frombuffer(digests, dtype="<u4").reshape(len(starts), 8)
         epoch = part.column("epoch").to_numpy(zero_copy_only=False)[starts]
         out["partition"] += [int(partition[lo])] * len(starts)

@@ -31,6 +31,7 @@ from replay._epoch_columns import EpochColumns, segment_digests_at
 from sequencer import NATIVE, EpochRecord
 from sinks.codec import EVENT_SCHEMA, SEGMENT_BITS, EventBatch, segment_digest_array
 from tests._subprocess import python_output
+from tests.sequencer._impls import sha3_lane_counts, sha3_lanes
 
 HEX = "0123456789abcdef"
 setsums = st.one_of(
@@ -168,18 +169,40 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
          for d, b, s, t, r, c, o, n in rows], schema=EVENT_SCHEMA)
 
 
+@pytest.mark.parametrize("lanes", sha3_lane_counts())
 @settings(max_examples=150, deadline=None)
 @given(events, st.integers(0, 5))
 @example([(0, 0, 0, "t", b"x" * 136, "a", b"", b"y" * 97)], 0)  # items across block edges
-def test_sha3_segments_give_the_codecs_digests(rows: list[tuple[Any, ...]], cut: int) -> None:
+def test_sha3_segments_give_the_codecs_digests(lanes: int, rows: list[tuple[Any, ...]],
+                                               cut: int) -> None:
+    """One message at a time and four at once (AVX2), the codec's digests; with one,
+    long items go to the codec itself."""
     native()
     data = _batch(rows)
-    for piece in (data, data.slice(min(cut, data.num_rows)),
-                  pa.Table.from_batches([data.slice(0, cut), data.slice(cut)])):
-        starts, digests = segment_digests_at(piece)
-        expected_starts, expected = segment_digest_array(piece)
-        assert starts.tolist() == expected_starts.tolist()
-        assert digests == expected
+    with sha3_lanes(lanes):
+        for piece in (data, data.slice(min(cut, data.num_rows)),
+                      pa.Table.from_batches([data.slice(0, cut), data.slice(cut)])):
+            starts, digests = segment_digests_at(piece)
+            expected_starts, expected = segment_digest_array(piece)
+            assert starts.tolist() == expected_starts.tolist()
+            assert digests == expected
+
+
+@pytest.mark.parametrize("lanes", sha3_lane_counts())
+def test_sha3_segments_past_one_scratch_buffer(lanes: int) -> None:
+    """Items built and hashed a scratch buffer (1 MiB) at a time, one item larger than
+    that included: every digest is still the codec's."""
+    native()
+    rows = [(0, b, s, "t", b"k%d" % b, "c", b"", b"v" * (300 + b % 700))
+            for b in range(900) for s in range(4)]
+    rows.append((0, 900, 0, "t", b"big", "c", b"", b"w" * (3 << 20)))
+    rows += [(0, 901, s, "t", b"after", "c", b"", b"z" * 90) for s in range(3)]
+    data = _batch(rows)
+    with sha3_lanes(lanes):
+        starts, digests = segment_digests_at(data)
+    expected_starts, expected = segment_digest_array(data)
+    assert starts.tolist() == expected_starts.tolist() and len(starts) == 902
+    assert digests == expected
 
 
 def test_sha3_segments_refuse_what_does_not_fit() -> None:

@@ -17,7 +17,7 @@ import sequencer
 from agent import _native as choice
 from sequencer import EpochSequencer, MonotonicIds, SequencerError
 from tests._memory import traced_growth
-from tests.sequencer._impls import native
+from tests.sequencer._impls import native, sha3_lane_counts, sha3_lanes
 
 NS = 1_000_000_000
 U64 = (1 << 64) - 1
@@ -210,18 +210,31 @@ def test_a_missing_extension_warns_once_and_falls_back(
     assert len(warnings) == 1 and warnings[0]["error"] == "ImportError: not built"
 
 
+@pytest.mark.parametrize("lanes", sha3_lane_counts())
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=400), max_size=40))
+@given(st.lists(st.binary(max_size=400) | st.binary(min_size=1000, max_size=3000),
+                max_size=40))
 @example([b"", b"x" * 135, b"y" * 136, b"z" * 137, b"w" * 272])  # the block edges
-def test_native_sha3_slices_equal_hashlib(items: list[bytes]) -> None:
-    """Every slice's digest is hashlib's SHA3-256, across the 136-byte block edges."""
+@example([b"a" * 1500, b"", b"b", b"c" * 136, b"d" * 700])  # lanes ending at different times
+def test_native_sha3_slices_equal_hashlib(lanes: int, items: list[bytes]) -> None:
+    """Every slice's digest is hashlib's SHA3-256, across the 136-byte block edges, one
+    message at a time and four at once (messages of different lengths share a step)."""
     import hashlib
 
     import numpy as np
 
     bounds = np.cumsum([0] + [len(i) for i in items]).astype(np.int64)
-    digests = native().sha3_slices(b"".join(items), bounds)
+    with sha3_lanes(lanes):
+        digests = native().sha3_slices(b"".join(items), bounds)
     assert digests == b"".join(hashlib.sha3_256(i).digest() for i in items)
+
+
+def test_native_sha3_lanes_refuse_what_the_machine_lacks() -> None:
+    with pytest.raises(ValueError, match="2 lanes are not available"):
+        native().sha3_lanes(2)
+    assert native().sha3_lanes() in (1, 4)
+    if 4 in sha3_lane_counts():  # AVX2 here: the helpers use it unless told otherwise
+        assert native().sha3_lanes() == 4
 
 
 def test_native_sha3_slices_refuse_bounds_outside_the_body() -> None:
