@@ -162,6 +162,10 @@ class _Capture:
         self._waiting = 0  # writers waiting in _open for a ticket
         self._released: tuple[float, int] | None = None  # when a hold ended, batches then
         self._last_point = (0, 0)
+        # _open's common case in one C call (sequencer._native.UnscopedWriter.open_ticket:
+        # None where the general path below must run), set by an Agent with the C
+        # sequencer, which also replaces _finish with the writer's close_batch.
+        self._open_ticket: Callable[[], BatchTicket | None] | None = None
         self._snapshot_lock = threading.Lock()
         self.stats = {"batches": 0, "events": 0, "epochs": 0, "quiescence_points": 0}
         self.metrics = metrics
@@ -254,6 +258,10 @@ class _Capture:
     # -- batches ---------------------------------------------------------------------------
 
     def _open(self) -> _Batch:
+        if self._open_ticket is not None:  # C (an Agent with the C sequencer)
+            ticket = self._open_ticket()
+            if ticket is not None:
+                return _Batch(ticket)
         shipper = self._shipper
         if shipper.error is not None or len(shipper.items) > shipper.max_queue:
             self._check_shipping()
@@ -460,6 +468,10 @@ class Agent(_Capture):
             clock=self._clock_ns, fallback=self._set_general, max_queue=self._max_queue)
         if writer is not None:
             self._set_unscoped = writer  # type: ignore[method-assign]
+            # A scoped batch's open and close too: _open's common case and _finish,
+            # step for step (tests/agent/test_cell_native.py holds the logs equal).
+            self._open_ticket = writer.open_ticket
+            self._finish = writer.close_batch  # type: ignore[method-assign]
         # And every ``set`` is one C call (sequencer._native.CellWriter: ``set`` below,
         # step for step; keyword calls and a subclass's own ``set`` keep Python's).
         if type(self).set is _PYTHON_SET:

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 import structlog
 
 import sequencer
-from sequencer import EpochSequencer, MonotonicIds
+from sequencer import BatchTicket, EpochSequencer, MonotonicIds
 
 __all__ = ["ENV_VAR", "cell_writer", "event_encoder", "event_list", "native_in_use", "new_ids",
            "new_sequencer", "segment_digests_helper", "shipper_helpers", "table_runs_helper",
-           "transpose", "unscoped_writer"]
+           "transpose", "unscoped_writer", "UnscopedWriter"]
 
 ENV_VAR: Final = "CDC_AGENT_NATIVE"
 
@@ -61,7 +61,18 @@ def new_sequencer(domain_id: int, *, now_ns: int,
                           max_quiescence_interval_ns=max_quiescence_interval_ns)
 
 
-def unscoped_writer(*, sequencer: object, **parts: Any) -> Callable[..., Any] | None:
+class UnscopedWriter(Protocol):
+    """``sequencer._native.UnscopedWriter``: an unscoped write, and a scoped batch's
+    open (``Agent._open``'s common case) and close (``Agent._finish``), one call each."""
+
+    def __call__(self, table: str, row: Any, column: str, value: Any) -> Any: ...
+
+    def open_ticket(self) -> BatchTicket | None: ...
+
+    def close_batch(self, ticket: BatchTicket, seq_start: int, events: list[Any]) -> None: ...
+
+
+def unscoped_writer(*, sequencer: object, **parts: Any) -> UnscopedWriter | None:
     """``Agent._set_unscoped`` as one C call (``sequencer._native.UnscopedWriter``) when
     ``sequencer`` is the C one, else None (the agent keeps its Python method)."""
     native = globals()["sequencer"].NATIVE

@@ -937,10 +937,12 @@ quiesced(Writer *w, PyObject *marker)
     return rc < 0 ? -1 : bump(w->stats, S_quiescence_points, 1);
 }
 
-/* Under the lock: close the batch with `events` (a list), queue it for the shipper with
- * the epochs closed, count it (agent._finish). Steals nothing. */
+/* Under the lock: close the batch whose last segment is `events` (a list) after
+ * `seq_start` events shipped before, queue it for the shipper with the epochs closed,
+ * count it (agent._finish). Steals nothing. */
 static int
-finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyObject *events)
+finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq,
+       PyObject *start_obj, int64_t seq_start, PyObject *events)
 {
     int64_t now;
     uint64_t fresh;
@@ -950,7 +952,7 @@ finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyO
     if (fresh_obj == NULL)
         return -1;
     Py_DECREF(fresh_obj);
-    Py_ssize_t count = PyList_GET_SIZE(events);
+    int64_t count = seq_start + PyList_GET_SIZE(events);
     PyObject *closed = seq_close(w->seq, batch_obj, epoch_seq, now, fresh, count);
     if (closed == NULL)
         return -1;
@@ -967,11 +969,7 @@ finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq, PyO
         goto done;
     }
     Py_DECREF(error);
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero == NULL)
-        goto done;
-    item = untracked(PyTuple_Pack(5, batch_obj, seq_obj, zero, events, untracked(closed)));
-    Py_DECREF(zero);
+    item = untracked(PyTuple_Pack(5, batch_obj, seq_obj, start_obj, events, untracked(closed)));
     PyObject *appended = item ? PyObject_CallMethodOneArg(w->items, S_append, item) : NULL;
     if (appended == NULL)
         goto done;
@@ -1003,6 +1001,47 @@ done:
     return rc;
 }
 
+/* Under the lock, past needs_general_path: open a batch (agent._open's ticket, and
+ * its count), its id and epoch set; 0, or -1 with the error set and nothing set. */
+static int
+open_locked(Writer *w, PyObject **batch_out, PyObject **seq_out, int64_t *epoch_seq)
+{
+    PyObject *batch_obj, *seq_obj = NULL;
+    uint64_t batch_id;
+    int64_t now;
+    /* The id first, then the clock: the order of the reference's open_batch arguments. */
+    if ((batch_obj = fresh_id(w, &batch_id)) == NULL || read_clock(w, &now) < 0)
+        goto fail;
+    if (!seq_open(w->seq, batch_id, now, epoch_seq)) {  /* forced quiescence: wait */
+        Py_CLEAR(batch_obj);
+        PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
+        if (tick == NULL)
+            goto fail;
+        if (!PyTuple_Check(tick) || PyTuple_GET_SIZE(tick) != 2) {  /* an override's bug */
+            PyErr_Format(PyExc_TypeError, "_wait_for_ticket returned %R, not a "
+                         "(batch id, epoch) ticket", tick);
+            Py_DECREF(tick);
+            goto fail;
+        }
+        batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
+        seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
+        Py_DECREF(tick);
+        if (as_i64(seq_obj, epoch_seq) < 0)
+            goto fail;
+    } else if ((seq_obj = PyLong_FromLongLong(*epoch_seq)) == NULL) {
+        goto fail;
+    }
+    if (bump(w->stats, S_batches, 1) < 0)
+        goto fail;  /* (never: a dict of ints) */
+    *batch_out = batch_obj;
+    *seq_out = seq_obj;
+    return 0;
+fail:
+    Py_XDECREF(batch_obj);
+    Py_XDECREF(seq_obj);
+    return -1;
+}
+
 static PyObject *
 Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -1021,32 +1060,9 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         return general < 0 ? NULL : PyObject_Vectorcall(w->fallback, args, nargs, NULL);
     }
     PyObject *batch_obj = NULL, *seq_obj = NULL, *result = NULL;
-    uint64_t batch_id;
-    int64_t now, epoch_seq;
-    /* The id first, then the clock: the order of the reference's open_batch arguments. */
-    if ((batch_obj = fresh_id(w, &batch_id)) == NULL || read_clock(w, &now) < 0)
+    int64_t epoch_seq;
+    if (open_locked(w, &batch_obj, &seq_obj, &epoch_seq) < 0)
         goto unlock_fail;
-    if (!seq_open(w->seq, batch_id, now, &epoch_seq)) {  /* forced quiescence: wait */
-        Py_CLEAR(batch_obj);
-        PyObject *tick = PyObject_CallMethodNoArgs(w->agent, S_wait_for_ticket);
-        if (tick == NULL)
-            goto unlock_fail;
-        if (!PyTuple_Check(tick) || PyTuple_GET_SIZE(tick) != 2) {  /* an override's bug */
-            PyErr_Format(PyExc_TypeError, "_wait_for_ticket returned %R, not a "
-                         "(batch id, epoch) ticket", tick);
-            Py_DECREF(tick);
-            goto unlock_fail;
-        }
-        batch_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 0));
-        seq_obj = Py_NewRef(PyTuple_GET_ITEM(tick, 1));
-        Py_DECREF(tick);
-        if (as_i64(seq_obj, &epoch_seq) < 0)
-            goto unlock_fail;
-    } else if ((seq_obj = PyLong_FromLongLong(epoch_seq)) == NULL) {
-        goto unlock_fail;
-    }
-    if (bump(w->stats, S_batches, 1) < 0)
-        goto unlock_fail;  /* (never: a dict of ints) */
     unlock(w);
     /* agent.store read at each write, as the reference does */
     PyObject *store = PyObject_GetAttr(w->agent, S_store);
@@ -1082,7 +1098,9 @@ Writer_call(Writer *w, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         Py_DECREF(old);
         goto fail;
     }
-    int rc = finish(w, batch_obj, seq_obj, epoch_seq, events);
+    PyObject *zero = PyLong_FromLong(0);
+    int rc = zero ? finish(w, batch_obj, seq_obj, epoch_seq, zero, 0, events) : -1;
+    Py_XDECREF(zero);
     unlock(w);
     Py_DECREF(events);
     if (rc < 0)
@@ -1114,6 +1132,63 @@ Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return self;
 }
 
+/* open_ticket(): agent._open's ticket in one call (a BatchTicket, counted), or None
+ * where agent._open's general path must run (closing, held back, a failed or
+ * backed-up shipper); under forced quiescence it waits as agent._open does. */
+static PyObject *
+Writer_open_ticket(Writer *w, PyObject *Py_UNUSED(ignored))
+{
+    if (!writer_ready(w))
+        return not_initialised((PyObject *)w);
+    if (call0(w->acquire) < 0)
+        return NULL;
+    int general = needs_general_path(w);
+    if (general) {
+        unlock(w);
+        if (general < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *items[2] = {NULL, NULL};
+    int64_t epoch_seq;
+    int rc = open_locked(w, &items[0], &items[1], &epoch_seq);
+    unlock(w);
+    return rc < 0 ? NULL : make_tuple(BatchTicket_type, 2, items);
+}
+
+/* close_batch(ticket, seq_start, events): agent._finish in one call, for a batch whose
+ * last segment is the list `events` after `seq_start` events shipped before. */
+static PyObject *
+Writer_close_batch(Writer *w, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!writer_ready(w))
+        return not_initialised((PyObject *)w);
+    int64_t seq_start, epoch_seq;
+    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 2
+        || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "close_batch(ticket, seq_start, events: list)");
+        return NULL;
+    }
+    PyObject *batch_obj = PyTuple_GET_ITEM(args[0], 0), *seq_obj = PyTuple_GET_ITEM(args[0], 1);
+    if (as_i64(args[1], &seq_start) < 0 || as_i64(seq_obj, &epoch_seq) < 0)
+        return NULL;
+    if (call0(w->acquire) < 0)
+        return NULL;
+    int rc = finish(w, batch_obj, seq_obj, epoch_seq, args[1], seq_start, args[2]);
+    unlock(w);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"open_ticket", (PyCFunction)Writer_open_ticket, METH_NOARGS,
+     "agent._open's ticket, counted, or None where its general path must run."},
+    {"close_batch", (PyCFunction)(void (*)(void))Writer_close_batch, METH_FASTCALL,
+     "close_batch(ticket, seq_start, events): agent._finish in one call."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject WriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "sequencer._native.UnscopedWriter",
@@ -1126,6 +1201,7 @@ static PyTypeObject WriterType = {
     .tp_traverse = (traverseproc)Writer_traverse,
     .tp_clear = (inquiry)Writer_clear,
     .tp_call = Writer_tp_call,
+    .tp_methods = Writer_methods,
     .tp_vectorcall_offset = offsetof(Writer, vectorcall),
 };
 
