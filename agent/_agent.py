@@ -469,9 +469,12 @@ class Agent(_Capture):
         if writer is not None:
             self._set_unscoped = writer  # type: ignore[method-assign]
             # A scoped batch's open and close too: _open's common case and _finish,
-            # step for step (tests/agent/test_cell_native.py holds the logs equal).
-            self._open_ticket = writer.open_ticket
-            self._finish = writer.close_batch  # type: ignore[method-assign]
+            # step for step (tests/agent/test_cell_native.py holds the logs equal),
+            # unless a subclass defines its own close steps.
+            if (type(self)._finish is _Capture._finish
+                    and type(self)._quiesced is _Capture._quiesced):
+                self._open_ticket = writer.open_ticket
+                self._finish = writer.close_batch  # type: ignore[method-assign]
         # And every ``set`` is one C call (sequencer._native.CellWriter: ``set`` below,
         # step for step; keyword calls and a subclass's own ``set`` keep Python's).
         if type(self).set is _PYTHON_SET:

@@ -313,8 +313,9 @@ _SEGMENT_TYPES: Final = (pa.binary(), pa.utf8())
 # Where the C helpers hash one message at a time (no AVX2), segments longer than this on
 # average go to the codec: hashlib (OpenSSL) hashes a 136-byte block faster than the
 # scalar Keccak (measured: 0.36 vs 0.45 us). Four at a time, the C helpers are the faster
-# at every length (measured per item: 0.52 vs 1.63 us at 130 bytes, 3.0 vs 4.1 at 800,
-# 18.3 vs 20.2 at 5,000; bench.core's assembler on one log, batches of 20: 1.21-1.28x).
+# for items of every length (measured per item: 0.52 vs 1.63 us at 130 bytes, 3.0 vs 4.1
+# at 800, 18.3 vs 20.2 at 5,000; bench.core's assembler on one log, batches of 20:
+# 1.21-1.28x). A lone item over 512 KiB is hashed one at a time, a little slower.
 _C_ROWS_PER_SEGMENT: Final = 4
 
 

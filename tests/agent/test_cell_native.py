@@ -130,6 +130,36 @@ def test_a_subclass_keeps_its_own_set() -> None:
     assert agent.calls == 1 and "set" not in vars(agent)
 
 
+def test_a_subclass_keeps_its_own_batch_close() -> None:
+    """A subclass's own ``_finish`` (or ``_quiesced``) closes its scoped batches: the C
+    close is installed only for the steps ``_Capture`` defines."""
+    native()
+
+    class Counting(Agent):
+        finished = 0
+
+        def _finish(self, *args: Any) -> None:
+            self.finished += 1
+            super()._finish(*args)
+
+    class Watching(Agent):
+        def _quiesced(self, marker: Any) -> None:
+            self.quiesced = getattr(self, "quiesced", 0) + 1
+            super()._quiesced(marker)
+
+    counting, watching = Counting(MemoryStore(), MemorySink()), Watching(MemoryStore(),
+                                                                         MemorySink())
+    for agent in (counting, watching):
+        with agent.batch():
+            agent.set("t", 1, "c", 1)
+        agent.close()
+    assert counting.finished == 1 and "_finish" not in vars(counting)
+    assert watching.quiesced >= 1 and "_finish" not in vars(watching)
+    plain = Agent(MemoryStore(), MemorySink())
+    assert "_finish" in vars(plain)  # the C close, for the steps _Capture defines
+    plain.close()
+
+
 def test_the_c_set_reads_the_store_and_the_batch_at_each_write() -> None:
     native()
     agent = Agent(MemoryStore(), MemorySink())

@@ -21,7 +21,8 @@ USES = {
     "EpochSequencer": ["o.open_batch(5, 0)", "o.close_batch(BatchTicket(5, 1), 0, 6, 1)",
                        "o.holding_back(0)", "o.open_batches()", "o.open_epochs()",
                        "o.quiescent", "o.state", "o.last_quiescence_ns", "o.domain_id"],
-    "UnscopedWriter": ["o('t', 1, 'c', 4)", "o()", "o(*('t', 1, 'c', 4))"],
+    "UnscopedWriter": ["o('t', 1, 'c', 4)", "o()", "o(*('t', 1, 'c', 4))", "o.open_ticket()",
+                       "o.close_batch(BatchTicket(5, 1), 0, [])"],
     "CellWriter": ["o('t', 1, 'c', 4)", "o('t', 1, 'c', 4, extra=1)", "o()",
                    "o(1, 2, 3, 4)"],
 }
