@@ -45,6 +45,20 @@ def test_final_snapshot_is_the_python_assemblers_and_the_stores(replay: LogRepla
     assert len(spark_state) > 1000
 
 
+def test_what_the_replay_caches_is_kept_deserialized(replay: LogReplay) -> None:
+    """Every frame the replay caches is persisted MEMORY_AND_DISK_DESER (what
+    ``DataFrame.cache()`` uses). PySpark's MEMORY_AND_DISK is the serialized level: a
+    block spilled to disk is then read back into memory in one allocation, which ran
+    a 4M-event replay out of a 1g JVM heap (the deserialized level unrolls it
+    gradually, or streams it from disk)."""
+    from pyspark import StorageLevel
+
+    replay.snapshot().count()
+    assert len(replay._persisted) >= 3  # pass 1, pass 2 and the checks
+    for frame in replay._persisted:
+        assert frame.storageLevel == StorageLevel.MEMORY_AND_DISK_DESER
+
+
 def test_every_quiescence_point_through_the_changesets(replay: LogReplay,
                                                        logged: Logged) -> None:
     """Applying the changesets in order rebuilds the store at every quiescence point, and
