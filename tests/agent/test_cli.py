@@ -322,6 +322,54 @@ def test_spark_out_of_memory_is_one_line_naming_the_setting(
     assert "Py4JError" in err and "memory" not in err
 
 
+def test_a_stream_whose_jvm_dies_ends_with_one_line_and_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cdc-agent spark stream`` while the JVM dies (killed, or out of heap): the wait
+    finds no JVM, nor does the query's stop; the command says how the JVM ended (exit
+    status 137: killed; 52: out of memory), exits 2, and does not stop the dead session."""
+    from types import SimpleNamespace
+
+    from py4j.protocol import Py4JNetworkError
+
+    import agent._cli_spark as cli_spark
+    import replay.spark
+    from agent.cli import main
+
+    class DeadQuery:
+        def awaitTermination(self, timeout: float | None = None) -> bool:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        def stop(self) -> None:
+            raise Py4JNetworkError("An error occurred while trying to connect to the JVM")
+
+    class Proc:
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+        def wait(self, timeout: float) -> int:
+            return self.status
+
+    class Session:
+        def __init__(self, status: int) -> None:
+            self.sparkContext = SimpleNamespace(_gateway=SimpleNamespace(proc=Proc(status)))
+            self.stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    monkeypatch.setattr(replay.spark, "stream_changesets", lambda *a, **k: DeadQuery())
+    stream = ["spark", "stream", "file:///nowhere", "--out", "/nowhere/out",
+              "--checkpoint", "/nowhere/checkpoint"]
+    for status, said in ((137, "Spark's JVM ended (exit status 137) while replaying "
+                               "file:///nowhere"), (52, "ran out of memory")):
+        session = Session(status)
+        monkeypatch.setattr(cli_spark, "_session", lambda args, s=session: (s, True))
+        assert main(stream) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and "connect to the JVM" not in err
+        assert not session.stopped
+
+
 def test_spark_without_the_extra_names_the_extra() -> None:
     """Without PySpark (and its py4j) installed, ``cdc-agent spark`` says which extra to
     install, exit 2, not a bare ModuleNotFoundError."""
