@@ -946,13 +946,19 @@ finish(Writer *w, PyObject *batch_obj, PyObject *seq_obj, int64_t epoch_seq,
 {
     int64_t now;
     uint64_t fresh;
+    Py_ssize_t n_events = PyList_GET_SIZE(events);
+    if (seq_start < 0 || seq_start > INT64_MAX - n_events) {  /* before an id is spent */
+        PyErr_Format(PyExc_OverflowError, "a batch's event count %lld + %zd is out of "
+                     "range", (long long)seq_start, n_events);
+        return -1;
+    }
     if (read_clock(w, &now) < 0)
         return -1;
     PyObject *fresh_obj = fresh_id(w, &fresh);
     if (fresh_obj == NULL)
         return -1;
     Py_DECREF(fresh_obj);
-    int64_t count = seq_start + PyList_GET_SIZE(events);
+    int64_t count = seq_start + n_events;
     PyObject *closed = seq_close(w->seq, batch_obj, epoch_seq, now, fresh, count);
     if (closed == NULL)
         return -1;

@@ -160,6 +160,31 @@ def test_a_subclass_keeps_its_own_batch_close() -> None:
     plain.close()
 
 
+def test_a_close_whose_event_count_is_out_of_range_is_refused_before_an_id_is_taken(
+        ) -> None:
+    """The C close adds the events shipped before (``seq_start``) to the last
+    segment's: a total outside int64 is refused with OverflowError before the close
+    takes an id or counts anything; the batch then closes as usual, and the log is the
+    one an agent that never tried writes (same scripted ids)."""
+    native()
+
+    def log(tries: list[int]) -> tuple[Any, Any]:
+        sink = MemorySink()
+        agent = Agent(MemoryStore(), sink, domain_id=7, ids=ticks())
+        ticket = agent._open_ticket() if agent._open_ticket is not None else None
+        assert ticket is not None and "_finish" in vars(agent)  # the C open and close
+        for seq_start in tries:
+            with pytest.raises(OverflowError, match="out of range"):
+                agent._finish(ticket, seq_start, [None])
+        agent._finish(ticket, 0, [])
+        with agent.batch():
+            agent.set("t", 1, "c", 1)
+        agent.close()
+        return sink.epochs, (dict(agent.stats), agent._batches_closed)
+
+    assert log([(1 << 63) - 1, -1]) == log([])
+
+
 def test_the_c_set_reads_the_store_and_the_batch_at_each_write() -> None:
     native()
     agent = Agent(MemoryStore(), MemorySink())
