@@ -248,7 +248,8 @@ def test_retention_before_the_saved_offsets_does_not_stop_a_resume(
     point stands for. Round B arrives; the restarted query resumes from the saved
     offsets (the topic still holds them) and the table composes to the store's state at
     every point of both rounds. (From "half" of A the saved offsets may all be 0: a
-    domain with no point yet needs its markers from the start.)"""
+    domain with no point yet needs its markers from the start.) The points source's
+    first look, given the saved point, also reads from the saved offsets only."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
@@ -256,6 +257,7 @@ def test_retention_before_the_saved_offsets_does_not_stop_a_resume(
     s.produce(rounds.all_of_a())
     s.run()
     offsets = json.loads(s.saved()["offsets"])
+    _look_starts_at_the_saved_offsets(s, rounds, offsets)
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     gone = [TopicPartition(s.topic, p, o) for p, o in enumerate(offsets) if o > 0]
     assert gone, offsets
@@ -268,6 +270,26 @@ def test_retention_before_the_saved_offsets_does_not_stop_a_resume(
     assert s.span(resumed[0])[1] == offsets
     check_streamed(s.rows(), [rounds.a, rounds.b],
                    python={**rounds.a.final, **rounds.b.final})
+
+
+def _look_starts_at_the_saved_offsets(s: Stream, rounds: Rounds, offsets: list[int]) -> None:
+    """The points source as Spark builds it for a restarted query (the options
+    ``points_stream`` gives it, read by its stream reader in a Python worker), run here
+    against the broker: its first look reads only the markers from the saved offsets
+    on, and finds the frontier a look from the topic's start finds."""
+    from replay.spark._stream import POINTS_SCHEMA, QuiescencePoints
+
+    saved = s.saved()
+    options = {"uri": s.uri, "encoding": "native"}
+    fresh: Any = QuiescencePoints(options).streamReader(POINTS_SCHEMA)
+    resumed: Any = QuiescencePoints({**options, "resume_offsets": saved["offsets"],
+                                "resume_frontier": saved["frontier"]}
+                               ).streamReader(POINTS_SCHEMA)
+    assert resumed.latestOffset()["frontier"] == fresh.latestOffset()["frontier"]
+    after = sum(_is_marker(m) for p in range(3) for m in rounds.first[p][offsets[p]:])
+    assert fresh._topic.taken == sum(map(_is_marker, rounds.all_of_a())) > after
+    assert resumed._topic.taken == after
+    print(f"\nthe resumed look read {after} of {fresh._topic.taken} markers")
 
 
 def test_a_saved_point_of_another_version_topic_or_encoding_is_not_loaded(
