@@ -220,6 +220,8 @@ class Shipper:
         request = _Flush()
         self._items.append(request)
         self._wakeup.set()
+        if self.error is not None:  # failed meanwhile: its drain may have missed us
+            self._fail_remaining([])
         if not request.done.wait(timeout):
             raise TimeoutError(f"the sink did not flush within {timeout}s")
         self._raise_if_failed()

@@ -232,6 +232,38 @@ def test_a_failing_sink_surfaces_as_shipping_failed_and_the_store_keeps_its_writ
         agent.set("t", 1, "a", 2)
 
 
+def test_a_flush_whose_sink_fails_while_it_queues_its_request_still_raises_at_once() -> None:
+    """The sink fails between the flush's own check and its request joining the queue:
+    the shipping thread has already drained the queue and ended, so nobody would answer
+    the request. The flush sees the failure after queueing and says so at once, not as
+    a timeout after the whole wait."""
+    from agent import ShippingFailed
+
+    class FailingSink(MemorySink):
+        fail = False
+
+        def write_events(self, batch: object) -> None:
+            if self.fail:
+                raise OSError("disk full")
+            super().write_events(batch)  # type: ignore[arg-type]
+
+    sink = FailingSink()
+    agent = Agent(MemoryStore(), sink)
+    shipper = agent._shipper
+    check = shipper._raise_if_failed
+
+    def check_then_fail() -> None:
+        check()
+        if not sink.fail:  # only the flush's first check: the sink fails right after it
+            sink.fail = True
+            agent.set("t", 1, "a", 1)
+            shipper._thread.join(30)  # it failed, drained its queue and ended
+
+    shipper._raise_if_failed = check_then_fail  # type: ignore[method-assign]
+    with pytest.raises(ShippingFailed, match="disk full"):
+        agent.flush(timeout=5)
+
+
 def test_close_while_writers_keep_writing_drains_and_refuses_new_batches() -> None:
     """close() stops new batches, waits for open ones, and loses nothing they wrote."""
     c = Captured()
