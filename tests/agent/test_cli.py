@@ -261,12 +261,34 @@ def test_ctrl_c_during_a_spark_stream_stops_the_query_cleanly() -> None:
     assert signal.getsignal(signal.SIGINT) is before
 
 
+class _EndedJvm:
+    """A session's JVM process that ended with ``status`` (``_cli_spark._jvm_exit``)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def wait(self, timeout: float) -> int:
+        return self.status
+
+
+class _SessionOfAnEndedJvm:
+    """A SparkSession whose JVM ended with ``status``; records whether it was stopped."""
+
+    def __init__(self, status: int) -> None:
+        from types import SimpleNamespace
+
+        self.sparkContext = SimpleNamespace(_gateway=SimpleNamespace(proc=_EndedJvm(status)))
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
 def test_spark_out_of_memory_is_one_line_naming_the_setting(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The JVM running out of heap (seen replaying 4M events with Spark's default 1g)
     ends ``cdc-agent spark`` with exit 2 and a line naming spark.driver.memory, the
     value given if any; any other JVM failure is not called a memory problem."""
-    from types import SimpleNamespace
 
     from py4j.protocol import Py4JError
 
@@ -293,23 +315,8 @@ def test_spark_out_of_memory_is_one_line_naming_the_setting(
     assert "it is 2g" in (err := capsys.readouterr().err) and "more than 2g" in err
     # In real runs the JVM usually dies of it (exit status 52) and the call only finds
     # no JVM there: said the same way, and the dead session is not stopped again.
-    class Proc:
-        def __init__(self, status: int) -> None:
-            self.status = status
-
-        def wait(self, timeout: float) -> int:
-            return self.status
-
-    class Session:
-        def __init__(self, status: int) -> None:
-            self.sparkContext = SimpleNamespace(_gateway=SimpleNamespace(proc=Proc(status)))
-            self.stopped = False
-
-        def stop(self) -> None:
-            self.stopped = True
-
     for status, said in ((52, "ran out of memory"), (1, "exit status 1")):
-        session = Session(status)
+        session = _SessionOfAnEndedJvm(status)
         monkeypatch.setattr(cli_spark, "_session", lambda args, s=session: (s, True))
         raised[0] = ConnectionRefusedError(111, "Connection refused")
         assert main(["spark", "verify", "file:///nowhere"]) == 2
@@ -327,7 +334,6 @@ def test_a_stream_whose_jvm_dies_ends_with_one_line_and_exit_2(
     """``cdc-agent spark stream`` while the JVM dies (killed, or out of heap): the wait
     finds no JVM, nor does the query's stop; the command says how the JVM ended (exit
     status 137: killed; 52: out of memory), exits 2, and does not stop the dead session."""
-    from types import SimpleNamespace
 
     from py4j.protocol import Py4JNetworkError
 
@@ -342,27 +348,12 @@ def test_a_stream_whose_jvm_dies_ends_with_one_line_and_exit_2(
         def stop(self) -> None:
             raise Py4JNetworkError("An error occurred while trying to connect to the JVM")
 
-    class Proc:
-        def __init__(self, status: int) -> None:
-            self.status = status
-
-        def wait(self, timeout: float) -> int:
-            return self.status
-
-    class Session:
-        def __init__(self, status: int) -> None:
-            self.sparkContext = SimpleNamespace(_gateway=SimpleNamespace(proc=Proc(status)))
-            self.stopped = False
-
-        def stop(self) -> None:
-            self.stopped = True
-
     monkeypatch.setattr(replay.spark, "stream_changesets", lambda *a, **k: DeadQuery())
     stream = ["spark", "stream", "file:///nowhere", "--out", "/nowhere/out",
               "--checkpoint", "/nowhere/checkpoint"]
     for status, said in ((137, "Spark's JVM ended (exit status 137) while replaying "
                                "file:///nowhere"), (52, "ran out of memory")):
-        session = Session(status)
+        session = _SessionOfAnEndedJvm(status)
         monkeypatch.setattr(cli_spark, "_session", lambda args, s=session: (s, True))
         assert main(stream) == 2
         err = capsys.readouterr().err
