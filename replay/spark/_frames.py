@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Final
 
@@ -32,7 +33,7 @@ def as_unsigned(column: Column) -> Column:
         signed).cast("decimal(20,0)")
 
 
-def table_frame(spark: SparkSession, schema: pa.Schema, columns: dict[str, list[object]]
+def table_frame(spark: SparkSession, schema: pa.Schema, columns: Mapping[str, Sequence[object]]
                 ) -> DataFrame:
     """A small driver-built table as a DataFrame (through Arrow, exact types)."""
     table = pa.table({f.name: pa.array(columns[f.name], f.type) for f in schema}, schema=schema)
