@@ -128,11 +128,9 @@ def run(history: list[Step], watch: bool) -> dict[str, Any]:
                 sink.fail = True
                 results.append(outcome(agent.set, table, row, column, value))
                 # The shipper fails on this write's shipment, or on this flush if it
-                # queued none. Waiting for its thread to end, rather than in a flush,
-                # leaves nothing to thread timing: Shipper.flush checks for a failure,
-                # then queues its request, and a failure in between leaves the request
-                # unanswered (a TimeoutError, not ShippingFailed). From here on every
-                # call sees the failure, and nothing is left queued.
+                # queued none. Waiting for its thread to end leaves nothing to thread
+                # timing: from here on every call sees the failure, and nothing is left
+                # queued (the count of unshipped records is part of the message).
                 agent._shipper.request_flush(lambda error: None)
                 agent._shipper._thread.join(30)
                 results.append(outcome(agent.flush, 30))
