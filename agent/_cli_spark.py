@@ -93,7 +93,10 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
     except PySparkRuntimeError:
         pass
     builder = (SparkSession.builder.master(args.master).appName("cdc-agent spark")
-               .config("spark.ui.showConsoleProgress", "false"))
+               .config("spark.ui.showConsoleProgress", "false")
+               # a replay's plans have more columns than the 25 Spark prints of a plan
+               # before it warns that it cut the text (a WARN line in every run)
+               .config("spark.sql.debug.maxToStringFields", "1000"))
     for item in args.conf:
         key, sep, value = item.partition("=")
         if not sep:

@@ -361,6 +361,47 @@ def test_a_stream_whose_jvm_dies_ends_with_one_line_and_exit_2(
         assert not session.stopped
 
 
+def test_the_spark_session_the_command_starts_prints_whole_plans(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no session running, ``cdc-agent spark`` starts one with its settings, the
+    user's ``--conf`` last: a replay's plans have more columns than the 25 Spark prints
+    by default, which printed a WARN line (a plan's text cut) in every run."""
+    import argparse
+
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    import agent._cli_spark as cli_spark
+
+    class Builder:
+        def __init__(self) -> None:
+            self.settings: dict[str, str] = {}
+
+        def master(self, master: str) -> Builder:
+            return self
+
+        def appName(self, name: str) -> Builder:
+            return self
+
+        def config(self, key: str, value: str) -> Builder:
+            self.settings[key] = value
+            return self
+
+        def getOrCreate(self) -> dict[str, str]:
+            return self.settings
+
+    def no_session() -> None:
+        raise PySparkRuntimeError(errorClass="NO_ACTIVE_OR_DEFAULT_SESSION",
+                                  messageParameters={})
+
+    monkeypatch.setattr(SparkSession, "active", staticmethod(no_session))
+    for conf, fields in (([], "1000"), (["spark.sql.debug.maxToStringFields=50"], "50")):
+        monkeypatch.setattr(SparkSession, "builder", Builder())
+        settings, ours = cli_spark._session(argparse.Namespace(master="local[1]",
+                                                               conf=conf))
+        assert ours and settings["spark.sql.debug.maxToStringFields"] == fields
+
+
 def test_spark_without_the_extra_names_the_extra() -> None:
     """Without PySpark (and its py4j) installed, ``cdc-agent spark`` says which extra to
     install, exit 2, not a bare ModuleNotFoundError."""
