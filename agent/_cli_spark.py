@@ -92,11 +92,12 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
         return SparkSession.active(), False
     except PySparkRuntimeError:
         pass
+    from replay.spark import SESSION_SETTINGS
+
     builder = (SparkSession.builder.master(args.master).appName("cdc-agent spark")
-               .config("spark.ui.showConsoleProgress", "false")
-               # a replay's plans have more columns than the 25 Spark prints of a plan
-               # before it warns that it cut the text (a WARN line in every run)
-               .config("spark.sql.debug.maxToStringFields", "1000"))
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in SESSION_SETTINGS.items():
+        builder = builder.config(key, value)
     for item in args.conf:
         key, sep, value = item.partition("=")
         if not sep:

@@ -33,7 +33,7 @@ def test_stable_names_are_exported() -> None:
                          "S3Store"},
         replay.spark: {"changesets", "events", "snapshot", "to_state", "verify", "wide",
                        "LogReplay", "write_changesets", "write_state",
-                       "stream_changesets", "QuiescencePoints"},
+                       "stream_changesets", "QuiescencePoints", "SESSION_SETTINGS"},
     }
     for module, names in promised.items():
         assert names <= set(module.__all__), module.__name__

@@ -26,6 +26,7 @@ from replay._position import Frontier, Position
 from replay.spark._epochs import UnsupportedRecord
 from replay.spark._output import applied_frontier, write_changesets, write_state
 from replay.spark._replay import ChangeStyle, LogReplay
+from replay.spark._settings import SESSION_SETTINGS
 from replay.spark._state import to_state, wide
 from replay.spark._stream import QuiescencePoints, stream_changesets
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LogReplay",
     "QuiescencePoints",
+    "SESSION_SETTINGS",
     "UnsupportedRecord",
     "applied_frontier",
     "changesets",

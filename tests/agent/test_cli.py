@@ -361,11 +361,12 @@ def test_a_stream_whose_jvm_dies_ends_with_one_line_and_exit_2(
         assert not session.stopped
 
 
-def test_the_spark_session_the_command_starts_prints_whole_plans(
+def test_the_spark_session_the_command_starts_has_the_replay_settings(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no session running, ``cdc-agent spark`` starts one with its settings, the
-    user's ``--conf`` last: a replay's plans have more columns than the 25 Spark prints
-    by default, which printed a WARN line (a plan's text cut) in every run."""
+    """With no session running, ``cdc-agent spark`` starts one with
+    ``replay.spark.SESSION_SETTINGS``, the user's ``--conf`` last: whole plans (the 25
+    fields Spark prints by default made it WARN in every run) and no Python call sites
+    recorded per column expression (JVM round trips that slowed every replay)."""
     import argparse
 
     from pyspark.errors import PySparkRuntimeError
@@ -395,11 +396,15 @@ def test_the_spark_session_the_command_starts_prints_whole_plans(
                                   messageParameters={})
 
     monkeypatch.setattr(SparkSession, "active", staticmethod(no_session))
-    for conf, fields in (([], "1000"), (["spark.sql.debug.maxToStringFields=50"], "50")):
+    debugging = "spark.python.sql.dataFrameDebugging.enabled"
+    for conf, fields, debug in (
+            ([], "1000", "false"),
+            (["spark.sql.debug.maxToStringFields=50", f"{debugging}=true"], "50", "true")):
         monkeypatch.setattr(SparkSession, "builder", Builder())
         settings, ours = cli_spark._session(argparse.Namespace(master="local[1]",
                                                                conf=conf))
         assert ours and settings["spark.sql.debug.maxToStringFields"] == fields
+        assert settings[debugging] == debug
 
 
 def test_spark_without_the_extra_names_the_extra() -> None:

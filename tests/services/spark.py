@@ -41,11 +41,15 @@ def ensure_installed() -> list[Path]:
 
 def start_session(master: str = "local[2]", *, shuffle_partitions: int = 4,
                   app: str = "cdc-agent-tests", **conf: Any) -> Any:
-    """A local SparkSession with the connector jars and Delta Lake's catalog."""
+    """A local SparkSession with the connector jars, Delta Lake's catalog and the
+    settings ``cdc-agent spark`` starts its own with (``replay.spark.SESSION_SETTINGS``;
+    ``conf`` wins)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+
+    from replay.spark import SESSION_SETTINGS
 
     builder = (
         SparkSession.builder.master(master).appName(app)
@@ -59,7 +63,7 @@ def start_session(master: str = "local[2]", *, shuffle_partitions: int = 4,
                 "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR")
     )
-    for key, value in conf.items():
+    for key, value in {**SESSION_SETTINGS, **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
