@@ -365,8 +365,9 @@ def test_the_spark_session_the_command_starts_has_the_replay_settings(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With no session running, ``cdc-agent spark`` starts one with
     ``replay.spark.SESSION_SETTINGS``, the user's ``--conf`` last: whole plans (the 25
-    fields Spark prints by default made it WARN in every run) and no Python call sites
-    recorded per column expression (JVM round trips that slowed every replay)."""
+    fields Spark prints by default made it WARN in every run), no Python call sites
+    recorded per column expression (JVM round trips that slowed every replay), and
+    cached plans whose shuffles AQE may coalesce (200 tasks each otherwise)."""
     import argparse
 
     from pyspark.errors import PySparkRuntimeError
@@ -405,6 +406,7 @@ def test_the_spark_session_the_command_starts_has_the_replay_settings(
                                                                conf=conf))
         assert ours and settings["spark.sql.debug.maxToStringFields"] == fields
         assert settings[debugging] == debug
+        assert settings["spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"] == "true"
 
 
 def test_spark_without_the_extra_names_the_extra() -> None:

@@ -24,7 +24,10 @@ from typing import Any
 
 import pytest
 
-__all__ = ["JARS", "ensure_installed", "spark", "start_session"]
+__all__ = ["COALESCE_CACHED", "JARS", "ensure_installed", "spark", "start_session"]
+
+# Whether AQE may coalesce the shuffles of cached plans (replay.spark.SESSION_SETTINGS).
+COALESCE_CACHED = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
 
 ROOT = Path(__file__).resolve().parents[2]
 JARS = ROOT / ".cache" / "spark" / "jars"
@@ -89,9 +92,13 @@ def spark() -> Iterator[Any]:
     # The tests run hundreds of replays with the same plans: a larger code cache keeps
     # their generated classes compiled (100 by default, fewer than a few replays' worth;
     # measured: a small log's warm replay ~10% faster). Codegen itself stays on.
+    # AQE may not coalesce the shuffles of what a replay caches (SESSION_SETTINGS lets
+    # it): they keep their 2 partitions, so a cell split across partitions would show;
+    # tests/spark/test_settings.py replays with coalescing on.
     session = start_session(shuffle_partitions=2,
                             **{"spark.databricks.delta.snapshotPartitions": "2",
-                               "spark.sql.codegen.cache.maxEntries": "1000"})
+                               "spark.sql.codegen.cache.maxEntries": "1000",
+                               COALESCE_CACHED: "false"})
     try:
         yield session
     finally:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.cli import main
-from replay.spark import to_state
+from replay.spark import SESSION_SETTINGS, to_state
 from sinks.wal3 import LogReader, encode_fragment
 from tests.helpers import bits
 from tests.spark._logs import Logged
@@ -72,6 +72,9 @@ def test_every_example_of_the_doc_runs(spark: Any, kafka_bootstrap: str,
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     assert len(blocks) >= 5
     namespace: dict[str, Any] = {}
+    # The worked example builds its session with SESSION_SETTINGS: getOrCreate() sets
+    # them on this shared session, whose own values the later tests rely on.
+    kept = {key: spark.conf.get(key) for key in SESSION_SETTINGS}
     try:
         for i, block in enumerate(blocks):
             exec(compile(block, str(DOC), "exec"), namespace)
@@ -83,6 +86,9 @@ def test_every_example_of_the_doc_runs(spark: Any, kafka_bootstrap: str,
     finally:  # the stream example leaves its query running: it would poll all session
         for query in spark.streams.active:
             query.stop()
+        for key, value in kept.items():  # (a static one cannot have changed)
+            if spark.conf.get(key) != value:
+                spark.conf.set(key, value)
     out = capsys.readouterr().out
     assert "('users', 1, 'name'): 'Ada L.'" in out
     assert "('users', 2, 'name'): 'G. Hopper'" in out
