@@ -101,6 +101,22 @@ _POINTS: Final = pa.schema([
 ])
 
 
+# Failures found in one epoch come in the Python assembler's order: two copies of a
+# segment or a partition's share, then the epoch's record, then its cells (by cell).
+RANK_SEGMENT: Final = 0
+RANK_EPOCH: Final = 1
+RANK_CELL: Final = 2
+
+
+def first_failures(every: DataFrame) -> DataFrame:
+    """Per (domain, forgiven): the failure of the first interval and epoch, ties broken
+    by rank, cell and message, so the same log always names the same failure (without
+    them a tie went to whichever task answered first). Columns of ``every``: domain,
+    forgiven, q, epoch, rank, table, row, column, message."""
+    return every.groupBy("domain", "forgiven").agg(F.min_by(
+        F.struct("epoch", "q", *CELL, "message"),
+        F.struct("q", "epoch", "rank", *CELL, "message")).alias("f"))
+
 
 def _frontier(at: str | Position | Frontier | None) -> Frontier | None:
     if at is None or isinstance(at, Frontier):
@@ -477,13 +493,13 @@ class LogReplay:
         cells = self._cells.filter(F.col("why").isNotNull()).select(
             "domain", "epoch", "q", *CELL, "forgiven",
             F.concat(F.lit("cell state cannot be rebuilt: "), F.col("why")).alias("message"))
-        every = (epoch_bad.unionByName(segment_bad)
-                 .select("domain", "epoch", "q", *no_cell, F.lit(False).alias("forgiven"),
-                         "message")
-                 .unionByName(cells.select("domain", "epoch", "q", *CELL, "forgiven",
-                                           "message")))
-        first = every.groupBy("domain", "forgiven").agg(F.min_by(
-            F.struct("epoch", "q", *CELL, "message"), F.struct("q", "epoch")).alias("f"))
+        every = (segment_bad.select("*", F.lit(RANK_SEGMENT).alias("rank"))
+                 .unionByName(epoch_bad.select("*", F.lit(RANK_EPOCH).alias("rank")))
+                 .select("domain", "epoch", "q", "rank", *no_cell,
+                         F.lit(False).alias("forgiven"), "message")
+                 .unionByName(cells.select("domain", "epoch", "q", F.lit(RANK_CELL).alias(
+                     "rank"), *CELL, "forgiven", "message")))
+        first = first_failures(every)
         failures: dict[int, list[_Failure]] = {}
         with executor_errors():
             found = first.collect()

@@ -324,3 +324,28 @@ def test_the_cell_check_sees_a_broken_chain_under_a_forged_setsum(
 
     assert info.value.cell == (table, decode_key(key), column)
     assert info.value.domain_id == domain_id
+
+
+def test_the_first_failure_of_an_epoch_is_named_the_same_way_every_time(spark: Any) -> None:
+    """Failures of one (interval, epoch) tie on position: the segment check wins over the
+    epoch's record, which wins over a cell, whatever the messages and the input order;
+    an earlier interval wins over any rank. (A tie once went to whichever task answered
+    first, so a dropped event was sometimes named by its cell, not its epoch's count.)"""
+    from replay.spark._replay import RANK_CELL, RANK_EPOCH, RANK_SEGMENT, first_failures
+
+    def found(rows: list[tuple[Any, ...]]) -> dict[tuple[int, bool], str]:
+        frame = spark.createDataFrame(
+            rows, "domain long, forgiven boolean, q long, epoch long, rank int, "
+                  "table string, row binary, column string, message string").coalesce(1)
+        return {(r["domain"], r["forgiven"]): r["f"]["message"]
+                for r in first_failures(frame).collect()}
+
+    cell = (1, False, 9, 8, RANK_CELL, "t", b"\x01", "c", "a cell")
+    record = (1, False, 9, 8, RANK_EPOCH, None, None, None, "b the record")
+    segment = (1, False, 9, 8, RANK_SEGMENT, None, None, None, "z the segment")
+    earlier = (1, False, 5, 5, RANK_CELL, "t", b"\x02", "c", "y an earlier cell")
+    forgiven = (1, True, 2, 2, RANK_CELL, "t", b"\x03", "c", "x forgiven")
+    assert found([cell, record]) == {(1, False): "b the record"}
+    assert found([cell, record, segment]) == {(1, False): "z the segment"}
+    assert found([segment, record, cell, earlier, forgiven]) == {
+        (1, False): "y an earlier cell", (1, True): "x forgiven"}

@@ -144,6 +144,9 @@ def _read_all(bootstrap: str, topic: str) -> list[Message]:
             assert partition is not None
             got[partition].append((partition, m.key(), m.value(), m.headers()))
     consumer.close()
+    assert all(len(got[p]) == high[p] for p in got), (  # not a partial topic, silently
+        f"read {[len(got[p]) for p in range(3)]} messages of {topic!r} in 60 s, "
+        f"its ends are {[high[p] for p in range(3)]}")
     return [m for p in range(3) for m in got[p]]
 
 
