@@ -27,6 +27,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 __all__ = ["register"]
@@ -56,7 +58,7 @@ def register(subparsers: Any) -> None:
         sub.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// URIs")
         sub.add_argument("--master", default="local[*]", help="Spark master (local[*])")
         sub.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                         help="a Spark setting (repeatable)")
+                         type=_setting, help="a Spark setting (repeatable)")
         if name == "snapshot":
             sub.add_argument("--at", default=None, metavar="TOKEN",
                              help="position token(s) of the quiescence point(s)")
@@ -82,6 +84,14 @@ def _say(text: str) -> None:
     print(f"cdc-agent spark: {text}", file=sys.stderr, flush=True)
 
 
+def _setting(item: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE``, checked when the command line is read (before Spark starts)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+    return key, value
+
+
 def _session(args: argparse.Namespace) -> tuple[Any, bool]:
     """The SparkSession, and whether we started it (a running one is reused, not stopped)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -98,10 +108,7 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
                .config("spark.ui.showConsoleProgress", "false"))
     for key, value in SESSION_SETTINGS.items():
         builder = builder.config(key, value)
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"cdc-agent spark: --conf {item!r} is not KEY=VALUE")
+    for key, value in args.conf:
         builder = builder.config(key, value)
     return builder.getOrCreate(), True
 
@@ -109,7 +116,7 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
 def _run(args: argparse.Namespace) -> int:
     try:
         from replay import InconsistentLog
-        from replay.spark import LogReplay, write_changesets, write_state
+        from replay.spark import LogReplay  # noqa: F401 (the extra is there)
         from sinks import SinkError
         from sinks.wal3 import Wal3Error
     except ImportError as exc:
@@ -124,24 +131,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.spark_command == "stream":
             return _stream(spark, args)
-        replay = LogReplay(spark, args.uri, prefix=args.prefix,
-                           endpoint_url=args.endpoint_url, progress=_say,
-                           encoding=args.encoding)
-        if args.spark_command == "snapshot":
-            wrote = write_state(replay, args.out, format=args.format, at=args.at)
-            _say(f"state at {replay.frontier(args.at)} "
-                 f"{'written to' if wrote else 'already in'} {args.out}")
-        elif args.spark_command == "changesets":
-            rows = write_changesets(replay, args.out, format=args.format, end=args.end,
-                                    style=args.style)
-            _say(f"{rows} changed cells appended to {args.out}")
-        else:
-            report = replay.verify()
-            epochs = report.count()
-            _say(f"log is consistent: {epochs} epochs verified")
-            if args.out:
-                report.write.format(args.format).mode("overwrite").save(args.out)
-                _say(f"report written to {args.out}")
+        with _interrupts_cancel_jobs(spark):
+            _batch_command(spark, args)
     except InconsistentLog as exc:
         _say(f"INCONSISTENT: {exc}")
         return 1
@@ -163,6 +154,69 @@ def _run(args: argparse.Namespace) -> int:
             spark.stop()
     _say(f"done in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _batch_command(spark: Any, args: argparse.Namespace) -> None:
+    """``cdc-agent spark snapshot|changesets|verify``, in ``spark``."""
+    from replay.spark import LogReplay, write_changesets, write_state
+
+    replay = LogReplay(spark, args.uri, prefix=args.prefix, endpoint_url=args.endpoint_url,
+                       progress=_say, encoding=args.encoding)
+    if args.spark_command == "snapshot":
+        wrote = write_state(replay, args.out, format=args.format, at=args.at)
+        _say(f"state at {replay.frontier(args.at)} "
+             f"{'written to' if wrote else 'already in'} {args.out}")
+    elif args.spark_command == "changesets":
+        rows = write_changesets(replay, args.out, format=args.format, end=args.end,
+                                style=args.style)
+        _say(f"{rows} changed cells appended to {args.out}")
+    else:
+        report = replay.verify()
+        epochs = report.count()
+        _say(f"log is consistent: {epochs} epochs verified")
+        if args.out:
+            report.write.format(args.format).mode("overwrite").save(args.out)
+            _say(f"report written to {args.out}")
+
+
+@contextmanager
+def _interrupts_cancel_jobs(spark: Any) -> Iterator[None]:
+    """Ctrl-C (SIGINT) during a batch command ends it as KeyboardInterrupt, cleanly.
+
+    PySpark's own handler calls the JVM from inside the call the main thread is blocked
+    in: a reentrant call that fails with Py4JError and logged tracebacks. This one
+    cancels Spark's jobs from another thread (again every half second, so a job started
+    after the signal goes too); the blocked call then fails, and leaving the block turns
+    that failure into KeyboardInterrupt. A second Ctrl-C does not wait for that."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (signal handlers belong to the main thread)
+        return
+    interrupted, left = threading.Event(), threading.Event()
+
+    def cancel_jobs() -> None:
+        while not left.is_set():
+            with suppress(Exception):  # (the session may be stopping)
+                spark.sparkContext.cancelAllJobs()
+            left.wait(0.5)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        threading.Thread(target=cancel_jobs, name="cancel-spark-jobs", daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except Exception:
+        if interrupted.is_set():
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        left.set()
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():  # (the signal came after the last job)
+        raise KeyboardInterrupt
 
 
 # Spark's exit status for a JVM that an OutOfMemoryError ended (SparkExitCode.OOM).
@@ -200,8 +254,8 @@ def _out_of_memory(text: str, args: argparse.Namespace) -> str:
     ``spark.driver.memory`` says otherwise (a 4M-event log replayed in 1g, measured)."""
     if "java.lang.OutOfMemoryError" not in text:
         return ""
-    given = next((c.partition("=")[2] for c in args.conf
-                  if c.partition("=")[0].strip() == "spark.driver.memory"), None)
+    given = next((value for key, value in args.conf
+                  if key.strip() == "spark.driver.memory"), None)
     now = f"it is {given}" if given else "unset here, Spark's default is 1g"
     more = (f"more than {given}" if given else "8g") + " (--conf spark.driver.memory=...)"
     return (f"Spark ran out of memory replaying {args.uri} (spark.driver.memory: {now}; "

@@ -402,11 +402,30 @@ def test_the_spark_session_the_command_starts_has_the_replay_settings(
             ([], "1000", "false"),
             (["spark.sql.debug.maxToStringFields=50", f"{debugging}=true"], "50", "true")):
         monkeypatch.setattr(SparkSession, "builder", Builder())
-        settings, ours = cli_spark._session(argparse.Namespace(master="local[1]",
-                                                               conf=conf))
+        settings, ours = cli_spark._session(argparse.Namespace(
+            master="local[1]", conf=[cli_spark._setting(item) for item in conf]))
         assert ours and settings["spark.sql.debug.maxToStringFields"] == fields
         assert settings[debugging] == debug
         assert settings["spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"] == "true"
+
+
+@pytest.mark.parametrize("item", ["nokeyvalue", "=value"])
+def test_a_spark_setting_that_is_not_key_value_is_a_usage_error(
+        item: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--conf`` is checked when the command line is read: exit status 2 and the usage
+    line naming the setting, before any Spark starts."""
+    import agent._cli_spark as cli_spark
+    from agent.cli import main
+
+    def no_spark(args: object) -> None:
+        raise AssertionError("a session was asked for")
+
+    monkeypatch.setattr(cli_spark, "_session", no_spark)
+    with pytest.raises(SystemExit) as exited:
+        main(["spark", "verify", "file:///nowhere", "--conf", item])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: cdc-agent spark verify" in err and f"{item!r} is not KEY=VALUE" in err
 
 
 def test_spark_without_the_extra_names_the_extra() -> None:
