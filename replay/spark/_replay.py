@@ -101,21 +101,23 @@ _POINTS: Final = pa.schema([
 ])
 
 
-# Failures found in one epoch come in the Python assembler's order: two copies of a
-# segment or a partition's share, then the epoch's record, then its cells (by cell).
+# The failures of one interval in the Python Kafka consumer's order: two copies of a
+# segment or a partition's share, then an epoch's record, then its cells. So a lost
+# event is named by its epoch's count (the cause), not by the cell whose chain it broke
+# (an effect, possibly in an earlier epoch of the interval).
 RANK_SEGMENT: Final = 0
 RANK_EPOCH: Final = 1
 RANK_CELL: Final = 2
 
 
 def first_failures(every: DataFrame) -> DataFrame:
-    """Per (domain, forgiven): the failure of the first interval and epoch, ties broken
-    by rank, cell and message, so the same log always names the same failure (without
-    them a tie went to whichever task answered first). Columns of ``every``: domain,
-    forgiven, q, epoch, rank, table, row, column, message."""
+    """Per (domain, forgiven): the first failure of the first interval that fails, by
+    rank, then epoch, cell and message, so the same log always names the same failure
+    (by interval and epoch alone, a tie went to whichever task answered first).
+    Columns of ``every``: domain, forgiven, q, epoch, rank, table, row, column, message."""
     return every.groupBy("domain", "forgiven").agg(F.min_by(
         F.struct("epoch", "q", *CELL, "message"),
-        F.struct("q", "epoch", "rank", *CELL, "message")).alias("f"))
+        F.struct("q", "rank", "epoch", *CELL, "message")).alias("f"))
 
 
 def _frontier(at: str | Position | Frontier | None) -> Frontier | None:

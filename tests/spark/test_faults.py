@@ -327,10 +327,11 @@ def test_the_cell_check_sees_a_broken_chain_under_a_forged_setsum(
 
 
 def test_the_first_failure_of_an_epoch_is_named_the_same_way_every_time(spark: Any) -> None:
-    """Failures of one (interval, epoch) tie on position: the segment check wins over the
-    epoch's record, which wins over a cell, whatever the messages and the input order;
-    an earlier interval wins over any rank. (A tie once went to whichever task answered
-    first, so a dropped event was sometimes named by its cell, not its epoch's count.)"""
+    """In one interval the segment check wins over an epoch's record, which wins over a
+    cell (even of an earlier epoch), whatever the messages and the input order; then the
+    earlier epoch; an earlier interval wins over any rank. (A tie once went to whichever
+    task answered first, so a dropped event was sometimes named by the cell whose chain
+    it broke, not by its epoch's count, as the Python Kafka consumer names it.)"""
     from replay.spark._replay import RANK_CELL, RANK_EPOCH, RANK_SEGMENT, first_failures
 
     def found(rows: list[tuple[Any, ...]]) -> dict[tuple[int, bool], str]:
@@ -345,7 +346,11 @@ def test_the_first_failure_of_an_epoch_is_named_the_same_way_every_time(spark: A
     segment = (1, False, 9, 8, RANK_SEGMENT, None, None, None, "z the segment")
     earlier = (1, False, 5, 5, RANK_CELL, "t", b"\x02", "c", "y an earlier cell")
     forgiven = (1, True, 2, 2, RANK_CELL, "t", b"\x03", "c", "x forgiven")
+    earlier_epoch = (1, False, 9, 7, RANK_CELL, "t", b"\x04", "c", "a cell of epoch 7")
+    later_record = (1, False, 9, 9, RANK_EPOCH, None, None, None, "a record of epoch 9")
     assert found([cell, record]) == {(1, False): "b the record"}
+    assert found([earlier_epoch, cell, later_record, record]) == {
+        (1, False): "b the record"}
     assert found([cell, record, segment]) == {(1, False): "z the segment"}
     assert found([segment, record, cell, earlier, forgiven]) == {
         (1, False): "y an earlier cell", (1, True): "x forgiven"}
