@@ -104,6 +104,10 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
         pass
     from replay.spark import SESSION_SETTINGS
 
+    if args.master.startswith("local"):  # one machine: the driver need not leave loopback
+        # (and on a host whose name resolves to loopback Spark would WARN twice, pick
+        # another interface's address, and tell the user to set this)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (SparkSession.builder.master(args.master).appName("cdc-agent spark")
                .config("spark.ui.showConsoleProgress", "false"))
     for key, value in SESSION_SETTINGS.items():

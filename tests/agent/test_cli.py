@@ -367,7 +367,8 @@ def test_the_spark_session_the_command_starts_has_the_replay_settings(
     ``replay.spark.SESSION_SETTINGS``, the user's ``--conf`` last: whole plans (the 25
     fields Spark prints by default made it WARN in every run), no Python call sites
     recorded per column expression (JVM round trips that slowed every replay), and
-    cached plans whose shuffles AQE may coalesce (200 tasks each otherwise)."""
+    cached plans whose shuffles AQE may coalesce (200 tasks each otherwise). A local
+    master's driver binds to loopback unless ``SPARK_LOCAL_IP`` says otherwise."""
     import argparse
 
     from pyspark.errors import PySparkRuntimeError
@@ -397,6 +398,16 @@ def test_the_spark_session_the_command_starts_has_the_replay_settings(
                                   messageParameters={})
 
     monkeypatch.setattr(SparkSession, "active", staticmethod(no_session))
+    for master, given, bound in (("spark://spark.example:7077", None, None),
+                                 ("local[1]", None, "127.0.0.1"),
+                                 ("local[*]", "10.1.2.3", "10.1.2.3")):
+        monkeypatch.setattr(SparkSession, "builder", Builder())
+        if given is None:
+            monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+        else:
+            monkeypatch.setenv("SPARK_LOCAL_IP", given)
+        cli_spark._session(argparse.Namespace(master=master, conf=[]))
+        assert os.environ.get("SPARK_LOCAL_IP") == bound, master  # a local driver: loopback
     debugging = "spark.python.sql.dataFrameDebugging.enabled"
     for conf, fields, debug in (
             ([], "1000", "false"),
