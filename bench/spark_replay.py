@@ -129,7 +129,13 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="6g",
                         help="spark.driver.memory (local mode: the executors' heap too; "
                              "Spark's 1g runs out at 4M events)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the sessions (repeatable), e.g. to "
+                             "compare one of replay.spark.SESSION_SETTINGS")
     args = parser.parse_args()
+    if bad := [item for item in args.conf if "=" not in item]:
+        parser.error(f"--conf {bad[0]!r} is not KEY=VALUE")
+    conf = dict(item.split("=", 1) for item in args.conf)
     from tests.services.spark import start_session
 
     logs = {}
@@ -145,7 +151,7 @@ def main() -> None:
     for master in args.masters:
         started = time.perf_counter()
         spark = start_session(master, shuffle_partitions=8, app="cdc-agent bench",
-                              **{"spark.driver.memory": args.driver_memory})
+                              **{"spark.driver.memory": args.driver_memory, **conf})
         print(f"{master}: session start {time.perf_counter() - started:.1f} s")
         for events, uri in logs.items():
             floor(spark, uri)  # warm: JIT, Python workers, file listing caches
