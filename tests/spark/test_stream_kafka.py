@@ -79,7 +79,7 @@ def test_the_source_cuts_only_where_every_partition_vouched(
     logged, messages = clean
     mine = [m for m in messages if m[0] == 2]
     quiet = [i for i, m in enumerate(mine) if _is_marker(m) and _whole(m).quiescent]
-    held = mine[:quiet[len(quiet) // 2] + 1]
+    held = mine[:quiet[(len(quiet) - 1) // 2] + 1]  # (at least one point after it)
     topic = _topic(kafka_broker, "half")
     _produce(kafka_broker.bootstrap, topic, [m for m in messages if m[0] != 2] + held)
     scan = TopicScan(f"kafka://{kafka_broker.bootstrap}/{topic}")
