@@ -326,7 +326,7 @@ def test_the_cell_check_sees_a_broken_chain_under_a_forged_setsum(
     assert info.value.domain_id == domain_id
 
 
-def test_the_first_failure_of_an_epoch_is_named_the_same_way_every_time(spark: Any) -> None:
+def test_the_first_failure_of_an_interval_is_named_the_same_way_every_time(spark: Any) -> None:
     """In one interval the segment check wins over an epoch's record, which wins over a
     cell (even of an earlier epoch), whatever the messages and the input order; then the
     earlier epoch; an earlier interval wins over any rank. (A tie once went to whichever
