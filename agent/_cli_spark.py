@@ -114,7 +114,38 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
         builder = builder.config(key, value)
     for key, value in args.conf:
         builder = builder.config(key, value)
-    return builder.getOrCreate(), True
+    with _interrupts_wait_for_the_jvm() as interrupted:
+        spark = builder.getOrCreate()
+    if interrupted.is_set():
+        spark.stop()
+        raise KeyboardInterrupt
+    return spark, True
+
+
+@contextmanager
+def _interrupts_wait_for_the_jvm() -> Iterator[threading.Event]:
+    """Ctrl-C while Spark starts is acted on once it is up (the event is set).
+
+    Interrupted inside PySpark's launch, the JVM outlives us: PySpark removes the folder
+    the JVM reports its port in, the JVM's main thread fails there, and its gateway
+    thread keeps it running with nobody left to stop it (seen here: a 1g JVM per
+    Ctrl-C). A second Ctrl-C quits at once, at that risk."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted  # (signal handlers belong to the main thread)
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        _say("interrupted: stopping once Spark is up (Ctrl-C again to quit now)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:  # (PySpark's own handler, set meanwhile, goes too: see _interrupts_cancel_jobs)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
