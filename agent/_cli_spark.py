@@ -27,8 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
 __all__ = ["register"]
@@ -123,29 +123,38 @@ def _session(args: argparse.Namespace) -> tuple[Any, bool]:
 
 
 @contextmanager
-def _interrupts_wait_for_the_jvm() -> Iterator[threading.Event]:
-    """Ctrl-C while Spark starts is acted on once it is up (the event is set).
-
-    Interrupted inside PySpark's launch, the JVM outlives us: PySpark removes the folder
-    the JVM reports its port in, the JVM's main thread fails there, and its gateway
-    thread keeps it running with nobody left to stop it (seen here: a 1g JVM per
-    Ctrl-C). A second Ctrl-C quits at once, at that risk."""
+def _first_ctrl_c(then: Callable[[], None]) -> Iterator[threading.Event]:
+    """While inside: a first Ctrl-C (SIGINT) sets the event and calls ``then``; a second
+    raises KeyboardInterrupt at once. The handler found is put back on the way out
+    (PySpark's own, if it set one meanwhile, goes: see ``_interrupts_cancel_jobs``).
+    Outside the main thread (no signal handlers there) the event is never set."""
     interrupted = threading.Event()
     if threading.current_thread() is not threading.main_thread():
-        yield interrupted  # (signal handlers belong to the main thread)
+        yield interrupted
         return
 
     def on_sigint(signum: int, frame: Any) -> None:
         if interrupted.is_set():
             raise KeyboardInterrupt
         interrupted.set()
-        _say("interrupted: stopping once Spark is up (Ctrl-C again to quit now)")
+        then()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield interrupted
-    finally:  # (PySpark's own handler, set meanwhile, goes too: see _interrupts_cancel_jobs)
+    finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _interrupts_wait_for_the_jvm() -> AbstractContextManager[threading.Event]:
+    """Ctrl-C while Spark starts is acted on once it is up (the event is set).
+
+    Interrupted inside PySpark's launch, the JVM outlives us: PySpark removes the folder
+    the JVM reports its port in, the JVM's main thread fails there, and its gateway
+    thread keeps it running with nobody left to stop it (seen here: a 1g JVM per
+    Ctrl-C). A second Ctrl-C quits at once, at that risk."""
+    return _first_ctrl_c(
+        lambda: _say("interrupted: stopping once Spark is up (Ctrl-C again to quit now)"))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -223,10 +232,7 @@ def _interrupts_cancel_jobs(spark: Any) -> Iterator[None]:
     cancels Spark's jobs from another thread (again every half second, so a job started
     after the signal goes too); the blocked call then fails, and leaving the block turns
     that failure into KeyboardInterrupt. A second Ctrl-C does not wait for that."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # (signal handlers belong to the main thread)
-        return
-    interrupted, left = threading.Event(), threading.Event()
+    left = threading.Event()
 
     def cancel_jobs() -> None:
         while not left.is_set():
@@ -234,22 +240,18 @@ def _interrupts_cancel_jobs(spark: Any) -> Iterator[None]:
                 spark.sparkContext.cancelAllJobs()
             left.wait(0.5)
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        if interrupted.is_set():
-            raise KeyboardInterrupt
-        interrupted.set()
+    def start_cancelling() -> None:
         threading.Thread(target=cancel_jobs, name="cancel-spark-jobs", daemon=True).start()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    except Exception:
-        if interrupted.is_set():
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        left.set()
-        signal.signal(signal.SIGINT, previous)
+    with _first_ctrl_c(start_cancelling) as interrupted:
+        try:
+            yield
+        except Exception:
+            if interrupted.is_set():
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            left.set()
     if interrupted.is_set():  # (the signal came after the last job)
         raise KeyboardInterrupt
 
