@@ -21,7 +21,7 @@ sorts and group-bys plus one SHA3 call per segment, not a Python loop per event.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -192,12 +192,13 @@ class _TailRun:
     last: int
     runs: list[EpochRun]
     cached: EpochColumns | None = None
-    records: Sequence[EpochRecord] = ()
+    records: list[EpochRecord] = field(default_factory=list)
 
     @property
     def columns(self) -> EpochColumns:
         if self.cached is None:
-            self.cached = EpochColumns.of_run(self._run())
+            self.cached = (EpochColumns.of_run(self._run()) if self.runs
+                           else EpochColumns.of_records(self.records))
         return self.cached
 
     def _run(self) -> EpochRun:
@@ -212,6 +213,14 @@ class _TailRun:
             return False
         self.runs.append(run)
         self.last, self.cached = last, None
+        return True
+
+    def append(self, record: EpochRecord) -> bool:
+        """Take ``record`` (seq ``last + 1``) into this piece, if it holds records."""
+        if self.runs:
+            return False
+        self.records.append(record)
+        self.last, self.cached = record.epoch_seq, None
         return True
 
     def expand(self) -> Iterable[EpochRecord]:
@@ -526,6 +535,13 @@ class Assembler:
         for record in records:
             domain = domains.get(record.domain_id) or self._domain(record.domain_id)
             seq = record.epoch_seq
+            tail = domain.tail
+            if tail and seq > tail[-1].last:
+                # Beyond everything held: it joins the tail (reading ``epochs`` would
+                # expand the tail into records, one Python object each).
+                if not (tail[-1].last + 1 == seq and tail[-1].append(record)):
+                    tail.append(_TailRun(seq, seq, [], None, [record]))
+                continue
             if seq > domain.applied_seq:
                 known = domain.epochs.setdefault(seq, record)
                 if known is not record and known != record:

@@ -174,9 +174,10 @@ def test_bulk_changesets_equal_one_interval_at_a_time(
         assert want[1] is None and want[0]
 
 
-def _as_runs(items: list[Any], rng: random.Random) -> list[Any]:
+def _as_runs(items: list[Any], rng: random.Random, *, lone: bool = False) -> list[Any]:
     """``items`` as a version 3 log holds them: consecutive epoch records grouped into
-    ``EpochRun``s at random cuts (a run of one, of a few, of many)."""
+    ``EpochRun``s at random cuts (a run of one, of a few, of many). With ``lone``, a
+    group of one stays an ``EpochRecord``, as the shipper writes a flush of one epoch."""
     out: list[Any] = []
     pending: list[EpochRecord] = []
     for item in [*items, None]:
@@ -184,9 +185,11 @@ def _as_runs(items: list[Any], rng: random.Random) -> list[Any]:
             pending.append(item)
             if rng.random() > 0.2:
                 continue
-        if pending:
+        if len(pending) == 1 and lone:
+            out.append(pending[0])
+        elif pending:
             out.append(EpochRun.from_records(pending))
-            pending = []
+        pending = []
         if item is not None and not isinstance(item, EpochRecord):
             out.append(item)
     return out
@@ -245,10 +248,11 @@ def test_epoch_runs_equal_their_records_one_at_a_time(
     import replay._assembler as assembler_module
 
     rng = random.Random(seed)
+    lone = rng.random() < 0.5  # flushes of one epoch as lone records between the runs
     if kind in _KINDS:
-        items = _as_runs(_damage(runs[which].items, kind, rng), rng)
+        items = _as_runs(_damage(runs[which].items, kind, rng), rng, lone=lone)
     else:
-        items = _damage_runs(_as_runs(runs[which].items, rng), kind, rng)
+        items = _damage_runs(_as_runs(runs[which].items, rng, lone=lone), kind, rng)
     want = _streamed(_expanded(items))
     original = assembler_module._BULK_EVENTS
     if drain_every is not None:
@@ -263,16 +267,18 @@ def test_epoch_runs_equal_their_records_one_at_a_time(
         assert want[1] is None and want[0]
 
 
+@pytest.mark.parametrize("lone", [False, True])
 @pytest.mark.parametrize("which", range(4))
 @settings(max_examples=4, deadline=None)
 @given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
 def test_a_sound_log_of_runs_never_expands_a_run(
-        runs: list[Run], which: int, seed: int, drain_every: int | None) -> None:
+        runs: list[Run], which: int, lone: bool, seed: int, drain_every: int | None) -> None:
     """Undamaged, every run is verified from its columns: no ``EpochRecord`` is built
-    (a run expanded would mean the one-interval path took over, slowly)."""
+    (a run expanded would mean the one-interval path took over, slowly), lone records
+    between the runs included."""
     import replay._assembler as assembler_module
 
-    items = _as_runs(runs[which].items, random.Random(seed))
+    items = _as_runs(runs[which].items, random.Random(seed), lone=lone)
     want = _streamed(_expanded(items))
 
     def refuse(self: EpochRun) -> list[EpochRecord]:
