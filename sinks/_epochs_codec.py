@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from sequencer import EpochRecord
+from sinks._ipc import BatchReader, WrongSchema
 from sinks.codec import KIND_EPOCHS, MAGIC, CodecError
 
 __all__ = ["EPOCHS_SCHEMA", "EPOCHS_VERSION", "EpochRun", "decode_epochs", "encode_epochs"]
@@ -44,6 +45,7 @@ EPOCHS_SCHEMA: Final = pa.schema(
     ],
     metadata={b"cdc-agent.format": str(EPOCHS_VERSION).encode()},
 )
+_EPOCHS_READER: Final = BatchReader(EPOCHS_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +111,11 @@ def encode_epochs(run: EpochRun) -> bytes:
 def decode_epochs(payload: memoryview) -> EpochRun:
     """Read and fully validate an EPOCHS payload (untrusted bytes)."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
-        if not table.schema.equals(EPOCHS_SCHEMA):
-            raise CodecError(f"EPOCHS payload has schema {table.schema}, not EPOCHS_SCHEMA")
-        table.validate(full=True)  # offsets within their data, UTF-8 in the utf8 columns
-        batches = table.combine_chunks().to_batches()
-        data = (batches[0] if batches
-                else pa.RecordBatch.from_pylist([], schema=EPOCHS_SCHEMA))
+        data = _EPOCHS_READER.read(payload)
         _check_nulls(data)
+    except WrongSchema as exc:
+        raise CodecError(f"EPOCHS payload has schema {exc.found}, not EPOCHS_SCHEMA"
+                         ) from None
     except (pa.ArrowException, OSError, ValueError) as exc:  # CodecError is a ValueError
         if isinstance(exc, CodecError):
             raise

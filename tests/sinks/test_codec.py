@@ -122,7 +122,7 @@ def test_an_offset_past_the_data_is_refused_at_decode_not_a_crash() -> None:
     message = encode_events(EventBatch.from_events(batch))
     offsets = struct.pack("<4i", 0, 6, 12, 18)  # the "old" column's offsets
     assert message.count(offsets) == 1
-    with pytest.raises(CodecError, match="offsets"):
+    with pytest.raises(CodecError, match=r"corrupt EVENTS payload: .*[Oo]ffset"):
         decode(message.replace(offsets, struct.pack("<4i", 0, 6, 12, 1 << 20)))
 
 
