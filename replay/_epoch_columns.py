@@ -164,6 +164,19 @@ class EpochColumns:
             self.table_offsets[:n + 1], self.table_names.slice(lo, hi - lo),
             self.table_counts[lo:hi])
 
+    def take(self, order: np.ndarray) -> EpochColumns:
+        """The records at the indexes ``order``, in that order."""
+        lengths = np.diff(self.table_offsets)[order]
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        # Each kept record's table items, where they were: its old start plus 0, 1, ...
+        items = (np.repeat(self.table_offsets[:-1][order] - offsets[:-1], lengths)
+                 + np.arange(offsets[-1]))
+        return EpochColumns(
+            self.seqs[order], self.begins[order], self.ends[order], self.counts[order],
+            self.quiescent[order], self.lanes[order], self.setsum_kind[order],
+            offsets, self.table_names.take(pa.array(items, pa.int64())),
+            self.table_counts[items])
+
 
 _SEQ, _BEGIN, _END, _COUNT, _QUIET = map(operator.attrgetter, (
     "epoch_seq", "begin_id", "end_id", "event_count", "quiescent"))

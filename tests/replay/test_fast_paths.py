@@ -195,6 +195,31 @@ def _as_runs(items: list[Any], rng: random.Random, *, lone: bool = False) -> lis
     return out
 
 
+def _shipped(items: list[Any], rng: random.Random) -> list[Any]:
+    """``items`` (events, then epoch records) in the order a shipper writes them: a
+    flush of one to four epochs is their events, then their records. A flush can end
+    past the last quiescence point, so a drain leaves part of a tail piece held."""
+    events = pa.Table.from_batches([i.data for i in items if isinstance(i, EventBatch)])
+    epochs = sorted((i for i in items if isinstance(i, EpochRecord)),
+                    key=lambda r: (r.domain_id, r.epoch_seq))
+    rest = [i for i in items if not isinstance(i, (EventBatch, EpochRecord))]
+    domain_ids = events.column("domain_id").to_numpy()
+    batch_ids = events.column("batch_id").to_numpy()
+    out: list[Any] = []
+    while epochs:
+        size = rng.randint(1, 4)
+        flush, epochs = epochs[:size], epochs[size:]
+        inside = np.zeros(len(batch_ids), dtype=bool)
+        for record in flush:
+            inside |= ((domain_ids == record.domain_id) & (batch_ids >= record.begin_id)
+                       & (batch_ids < record.end_id))
+        if inside.any():
+            out.append(EventBatch(events.filter(pa.array(inside)).combine_chunks()
+                                  .to_batches()[0]))
+        out += flush
+    return out + rest
+
+
 def _expanded(items: list[Any]) -> list[Any]:
     return [r for item in items for r in (item.records() if isinstance(item, EpochRun)
                                           else [item])]
@@ -249,10 +274,11 @@ def test_epoch_runs_equal_their_records_one_at_a_time(
 
     rng = random.Random(seed)
     lone = rng.random() < 0.5  # flushes of one epoch as lone records between the runs
+    log = _shipped(runs[which].items, rng) if rng.random() < 0.5 else runs[which].items
     if kind in _KINDS:
-        items = _as_runs(_damage(runs[which].items, kind, rng), rng, lone=lone)
+        items = _as_runs(_damage(log, kind, rng), rng, lone=lone)
     else:
-        items = _damage_runs(_as_runs(runs[which].items, rng, lone=lone), kind, rng)
+        items = _damage_runs(_as_runs(log, rng, lone=lone), kind, rng)
     want = _streamed(_expanded(items))
     original = assembler_module._BULK_EVENTS
     if drain_every is not None:
@@ -267,18 +293,21 @@ def test_epoch_runs_equal_their_records_one_at_a_time(
         assert want[1] is None and want[0]
 
 
-@pytest.mark.parametrize("lone", [False, True])
+@pytest.mark.parametrize("shipped", [False, True])
 @pytest.mark.parametrize("which", range(4))
 @settings(max_examples=4, deadline=None)
 @given(st.integers(0, 2**32), st.sampled_from([None, 1, 50]))
 def test_a_sound_log_of_runs_never_expands_a_run(
-        runs: list[Run], which: int, lone: bool, seed: int, drain_every: int | None) -> None:
+        runs: list[Run], which: int, shipped: bool, seed: int, drain_every: int | None
+) -> None:
     """Undamaged, every run is verified from its columns: no ``EpochRecord`` is built
-    (a run expanded would mean the one-interval path took over, slowly), lone records
-    between the runs included."""
+    (a run expanded would mean the one-interval path took over, slowly). Shipped, the
+    log has lone records between its runs, and drains that end inside a tail piece."""
     import replay._assembler as assembler_module
 
-    items = _as_runs(runs[which].items, random.Random(seed), lone=lone)
+    rng = random.Random(seed)
+    log = _shipped(runs[which].items, rng) if shipped else runs[which].items
+    items = _as_runs(log, rng, lone=shipped)
     want = _streamed(_expanded(items))
 
     def refuse(self: EpochRun) -> list[EpochRecord]:

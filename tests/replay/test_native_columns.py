@@ -73,6 +73,25 @@ def test_epoch_fields_give_the_python_columns(rows: list[EpochRecord]) -> None:
                                                                 rows)
 
 
+valid_tables = st.lists(st.tuples(st.sampled_from(["t", "users", "é"]), u64),
+                        max_size=3).map(tuple)
+valid_records = st.builds(EpochRecord, domain_id=u64, epoch_seq=u64, begin_id=u64,
+                          end_id=u64, event_count=u64, quiescent=st.booleans(),
+                          table_counts=valid_tables, setsum=setsums)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(valid_records, max_size=12), st.randoms(use_true_random=False))
+def test_taking_columns_in_an_order_gives_the_records_in_that_order(
+        rows: list[EpochRecord], rng: Any) -> None:
+    """``EpochColumns.take`` (a tail piece's runs and lone records put in seq order)."""
+    picks = rng.randrange(len(rows) + 2) if rows else 0  # some records twice, some not
+    order = [rng.randrange(len(rows)) for _ in range(picks)]
+    taken = EpochColumns.of_records_py(rows).take(np.array(order, dtype=np.int64))
+    assert _outcome(lambda _: taken, []) == _outcome(EpochColumns.of_records_py,
+                                                      [rows[i] for i in order])
+
+
 def test_epoch_fields_read_a_usual_run() -> None:
     """A digest, an empty setsum and a bogus one side by side; tables counted."""
     digest = "0123456789abcdef" * 4
