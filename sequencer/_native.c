@@ -2695,11 +2695,49 @@ strict_utf8(const unsigned char *s, Py_ssize_t n)
     return 1;
 }
 
+/* One column of tagged keys (kind 0) or values (1: ABSENT allowed, 2: not), `count`
+ * entries at `at` (int32 offsets, count + 1 of them) into `data` (`len` bytes): 0 with
+ * *bad_tag (the first entry whose tag or length is wrong, or -1) and *bad_text (a str
+ * entry is not UTF-8) set, or -1 with the error set for an entry outside the data. */
+static int
+column_tag_faults(const int32_t *at, Py_ssize_t count, const unsigned char *data,
+                  Py_ssize_t len, long kind, Py_ssize_t *bad_tag, int *bad_text)
+{
+    *bad_tag = -1;
+    *bad_text = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t a = at[i], b = at[i + 1];
+        if (a < 0 || b < a || b > len) {
+            PyErr_Format(PyExc_ValueError, "entry %zd [%d, %d) is not inside the data of "
+                         "%zd bytes", i, (int)a, (int)b, len);
+            return -1;
+        }
+        Py_ssize_t length = b - a;
+        int ok;
+        if (length == 0) {
+            ok = kind == 1;
+        } else {
+            unsigned char tag = data[a];
+            if (kind == 0)
+                ok = (tag == 0x02 && length == 9) || tag == 0x04;
+            else
+                ok = (tag == 0x00 && length == 1)
+                     || (tag == 0x01 && length == 2 && data[a + 1] <= 1)
+                     || ((tag == 0x02 || tag == 0x03) && length == 9)
+                     || tag == 0x04 || tag == 0x05;
+            if (tag == 0x04 && !*bad_text && !strict_utf8(data + a + 1, length - 1))
+                *bad_text = 1;
+        }
+        if (!ok && *bad_tag < 0)
+            *bad_tag = i;
+    }
+    return 0;
+}
+
 /* tag_faults(offsets, body, kind): one Arrow binary column (int32 offsets, count + 1 of
  * them, and its data) checked as sinks.codec._check_tags does, in one pass: None when
  * every entry is well formed, else (the first entry whose tag or length is wrong, or -1;
- * whether a str entry is not UTF-8). kind 0: row keys; 1: values, empty (ABSENT) allowed;
- * 2: values, never empty. */
+ * whether a str entry is not UTF-8). */
 static PyObject *
 tag_faults(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2726,43 +2764,96 @@ tag_faults(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "offsets must hold count + 1 int32 values");
         goto done;
     }
-    Py_ssize_t count = offsets.len / 4 - 1;
-    const int32_t *at = (const int32_t *)offsets.buf;
-    const unsigned char *data = (const unsigned char *)body.buf;
-    Py_ssize_t bad_tag = -1;
-    int bad_text = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int32_t a = at[i], b = at[i + 1];
-        if (a < 0 || b < a || b > body.len) {
-            PyErr_Format(PyExc_ValueError, "entry %zd [%d, %d) is not inside the data of "
-                         "%zd bytes", i, (int)a, (int)b, body.len);
-            goto done;
-        }
-        Py_ssize_t length = b - a;
-        int ok;
-        if (length == 0) {
-            ok = kind == 1;
-        } else {
-            unsigned char tag = data[a];
-            if (kind == 0)
-                ok = (tag == 0x02 && length == 9) || tag == 0x04;
-            else
-                ok = (tag == 0x00 && length == 1)
-                     || (tag == 0x01 && length == 2 && data[a + 1] <= 1)
-                     || ((tag == 0x02 || tag == 0x03) && length == 9)
-                     || tag == 0x04 || tag == 0x05;
-            if (tag == 0x04 && !bad_text && !strict_utf8(data + a + 1, length - 1))
-                bad_text = 1;
-        }
-        if (!ok && bad_tag < 0)
-            bad_tag = i;
-    }
+    Py_ssize_t bad_tag;
+    int bad_text;
+    if (column_tag_faults((const int32_t *)offsets.buf, offsets.len / 4 - 1,
+                          (const unsigned char *)body.buf, body.len, kind, &bad_tag,
+                          &bad_text) < 0)
+        goto done;
     out = (bad_tag < 0 && !bad_text) ? Py_NewRef(Py_None)
                                      : Py_BuildValue("(nO)", bad_tag, bad_text ? Py_True : Py_False);
 done:
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&body);
     return out;
+}
+
+/* ---- batch_faults: nulls and tags of a whole record batch, through its C export ------ */
+
+/* The Arrow C data interface's array (its ABI is fixed by the Arrow format). */
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+/* The nulls of one exported column: its count if known, else counted in its bitmap. */
+static int64_t
+column_nulls(const struct ArrowArray *column, int64_t start)
+{
+    if (column->null_count >= 0)
+        return column->null_count;
+    const unsigned char *bits = column->n_buffers > 0 ? column->buffers[0] : NULL;
+    if (bits == NULL)
+        return 0;
+    int64_t nulls = 0;
+    for (int64_t i = start; i < start + column->length; i++)
+        nulls += !((bits[i >> 3] >> (i & 7)) & 1);
+    return nulls;
+}
+
+/* batch_faults(array_capsule, kinds): the record batch exported in the capsule (an
+ * "arrow_array" PyCapsule: RecordBatch.__arrow_c_array__()[1]), already validated in
+ * full, checked as sinks.codec._check_tags does: no column holds a null, and each
+ * column i with kinds[i] in 0..2 is a binary column of tagged keys or values as
+ * tag_faults checks. None when all is well; False when the layout is not the plain one
+ * this reads (Python checks it); else (column, first bad entry or -1, str not UTF-8),
+ * with -2 as the entry for a column that holds nulls. */
+static PyObject *
+batch_faults(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "batch_faults(array_capsule, kinds: bytes)");
+        return NULL;
+    }
+    const struct ArrowArray *batch = PyCapsule_GetPointer(args[0], "arrow_array");
+    if (batch == NULL)
+        return NULL;
+    const unsigned char *kinds = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    if (batch->release == NULL || batch->offset != 0
+        || batch->n_children != PyBytes_GET_SIZE(args[1]))
+        Py_RETURN_FALSE;
+    for (int64_t i = 0; i < batch->n_children; i++) {
+        const struct ArrowArray *column = batch->children[i];
+        if (column->length != batch->length)
+            Py_RETURN_FALSE;
+        if (column_nulls(column, column->offset) > 0)
+            return Py_BuildValue("(LnO)", (long long)i, (Py_ssize_t)-2, Py_False);
+    }
+    for (int64_t i = 0; i < batch->n_children; i++) {
+        if (kinds[i] > 2)
+            continue;
+        const struct ArrowArray *column = batch->children[i];
+        if (column->n_buffers != 3 || column->buffers[1] == NULL)
+            Py_RETURN_FALSE;
+        const int32_t *at = (const int32_t *)column->buffers[1] + column->offset;
+        const unsigned char *data = column->buffers[2];
+        /* Validated in full: the offsets lie inside the data, which ends at the last. */
+        Py_ssize_t len = column->length ? at[column->length] : 0;
+        if (data == NULL && len > 0)
+            Py_RETURN_FALSE;
+        Py_ssize_t bad_tag;
+        int bad_text;
+        if (column_tag_faults(at, (Py_ssize_t)column->length, data, len, kinds[i],
+                              &bad_tag, &bad_text) < 0)
+            return NULL;
+        if (bad_tag >= 0 || bad_text)
+            return Py_BuildValue("(LnO)", (long long)i, bad_tag, bad_text ? Py_True : Py_False);
+    }
+    Py_RETURN_NONE;
 }
 
 /* ---- the module ---------------------------------------------------------------------- */
@@ -2789,6 +2880,10 @@ static PyMethodDef module_methods[] = {
      "tag_faults(offsets, body, kind): a column of tagged keys (kind 0) or values (1: "
      "ABSENT allowed, 2: not) checked as sinks.codec does: None, or (first entry with a "
      "wrong tag or length or -1, whether a str entry is not UTF-8)."},
+    {"batch_faults", (PyCFunction)(void (*)(void))batch_faults, METH_FASTCALL,
+     "batch_faults(array_capsule, kinds): nulls and tagged columns of an exported record "
+     "batch checked in one call: None, False (not a layout read here), or (column, first "
+     "bad entry, -1 or -2 for nulls, whether a str is not UTF-8)."},
     {"event_list", event_list, METH_NOARGS,
      "event_list(): a new empty list untracked by the collector (a batch's events)."},
     {"event_columns", event_columns, METH_O,

@@ -105,6 +105,7 @@ message rather than as EVENTS messages. Two encodings:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -420,6 +421,12 @@ def _check_tags(data: pa.RecordBatch, what: str = "EVENTS",
     """Refuse nulls, row keys that are not tagged keys and cells that are not tagged
     values (so ``to_events`` and every reader of the columns can trust them)."""
     names = data.schema.names
+    if _BATCH_FAULTS is not None:
+        # The usual, sound batch in one C call over its export (a column's Python
+        # wrapper alone costs a few us); a fault is named by the checks below.
+        kinds = _tag_kinds(tuple(names), values, absent_ok)
+        if _BATCH_FAULTS(data.__arrow_c_array__()[1], kinds) is None:
+            return
     columns = [data.column(i) for i in range(len(names))]  # each costs a wrapper: once
     for name, col in zip(names, columns, strict=True):
         if col.null_count:
@@ -448,6 +455,15 @@ _KEYS, _VALUES, _PRESENT_VALUES = 0, 1, 2
 # The same check in C, one pass per column (None: not built): numpy's dozen passes cost
 # a few microseconds each, per message, which dominated decoding small messages.
 _TAG_FAULTS: Final = NATIVE.tag_faults if NATIVE is not None else None
+_BATCH_FAULTS: Final = getattr(NATIVE, "batch_faults", None)  # (absent from an old build)
+
+
+@functools.lru_cache(maxsize=16)
+def _tag_kinds(names: tuple[str, ...], values: tuple[str, ...], absent_ok: bool) -> bytes:
+    """What ``batch_faults`` checks each column as (0xFF: nulls only)."""
+    value_kind = _VALUES if absent_ok else _PRESENT_VALUES
+    return bytes(_KEYS if name == "row" else value_kind if name in values else 0xFF
+                 for name in names)
 
 
 def tag_faults(offsets: np.ndarray, body: Any, kind: int) -> tuple[int, bool] | None:

@@ -76,13 +76,68 @@ def test_c_check_refuses_offsets_outside_the_data() -> None:
         native().tag_faults(np.array([0], dtype=np.int32), b"", 3)
 
 
-@pytest.mark.parametrize("built", [True, False], ids=["c", "numpy"])
-def test_decode_refuses_a_str_that_is_not_utf8_either_way(
-        built: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both checks behind ``decode``: a str cell holding a surrogate is refused."""
+def _check_outcome(batch: pa.RecordBatch) -> str | None:
     import sinks.codec as codec
 
-    if not built:
+    try:
+        codec._check_tags(batch)
+    except CodecError as exc:
+        return str(exc)
+    return None
+
+
+_MAYBE_NULL = st.one_of(entries, st.none())
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows=st.lists(st.tuples(_MAYBE_NULL, _MAYBE_NULL, _MAYBE_NULL), max_size=8),
+       start=st.integers(0, 2), null_table=st.booleans())
+@example(rows=[(b"\x02" + bytes(8), b"", b"\x00")], start=0, null_table=True)
+@example(rows=[(b"\x02" + bytes(8), b"", b"\x00")], start=2, null_table=False)  # sliced
+def test_the_batch_check_in_one_call_equals_the_column_checks(
+        rows: list[tuple[bytes | None, ...]], start: int, null_table: bool) -> None:
+    """``batch_faults`` (nulls and the three tagged columns of an exported batch, one C
+    call) passes exactly the batches the per-column checks pass, sliced ones too; on a
+    fault, the per-column checks name it (so the error is the same either way)."""
+    import sinks.codec as codec
+    from sinks.codec import EVENT_SCHEMA
+
+    pad = [(b"\x05pad", b"\x05pad", b"\x05pad")] * start
+    columns = list(zip(*(pad + rows), strict=True)) if pad + rows else [(), (), ()]
+    n = len(pad) + len(rows)
+    table = ["t"] * n
+    if null_table and n:
+        table[-1] = None  # type: ignore[call-overload]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1] * n, pa.uint64()), pa.array(range(n), pa.uint64()),
+         pa.array([0] * n, pa.uint32()), pa.array(table, pa.utf8()),
+         pa.array(columns[0], pa.binary()), pa.array(["c"] * n, pa.utf8()),
+         pa.array(columns[1], pa.binary()), pa.array(columns[2], pa.binary())],
+        schema=EVENT_SCHEMA).slice(start)
+    batch.validate(full=True)
+    with_c = _check_outcome(batch)
+    verdict = native().batch_faults(batch.__arrow_c_array__()[1],
+                                    codec._tag_kinds(tuple(EVENT_SCHEMA.names),
+                                                     ("old", "new"), True))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "_BATCH_FAULTS", None)
+        assert with_c == _check_outcome(batch)
+    assert (verdict is None) == (with_c is None)
+    if verdict:  # (column, entry or -2 for nulls, not UTF-8): named by the reference too
+        column, entry, _ = verdict
+        assert with_c is not None and EVENT_SCHEMA.names[column] in with_c
+        assert ("holds nulls" in with_c) == (entry == -2)
+
+
+@pytest.mark.parametrize("built", ["batch", "column", "numpy"])
+def test_decode_refuses_a_str_that_is_not_utf8_either_way(
+        built: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every check behind ``decode``: a str cell holding a surrogate is refused."""
+    import sinks.codec as codec
+
+    if built != "batch":
+        monkeypatch.setattr(codec, "_BATCH_FAULTS", None)
+    if built == "numpy":
         monkeypatch.setattr(codec, "_TAG_FAULTS", None)
     assert NATIVE is not None
     from agent import Agent, MemoryStore
