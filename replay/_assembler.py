@@ -607,10 +607,8 @@ class Assembler:
         n = data.num_rows
         if not n:
             return []
-        domains, seqs = _uint64s(data.column(0)), _uint64s(data.column(1))
-        domain_id, first, last = domains[0], seqs[0], seqs[-1]
-        if (domains.count(domain_id) == n and last - first == n - 1
-                and seqs == list(range(first, last + 1))):
+        domain_id, first, last, plain = _run_shape(data)
+        if plain:
             domain = self._domain(domain_id)
             if last <= domain.applied_seq:
                 return [domain_id]  # copies of applied epochs
@@ -621,7 +619,7 @@ class Assembler:
                 return [domain_id]
         for record in run.records():
             self._store_epoch(record)
-        return list(dict.fromkeys(domains))
+        return list(dict.fromkeys(data.column(0).to_pylist()))
 
     def _store_epoch(self, record: EpochRecord) -> bool:
         """Keep ``record`` if new; False for a copy of one already held or applied."""
@@ -894,6 +892,24 @@ class Assembler:
         return InconsistentLog(f"cell state cannot be rebuilt: {why}; value held {held!r}",
                                domain_id=domain.domain_id, epoch_seq=epoch,
                                cell=_decode_cell(key))
+
+
+def _run_shape(data: pa.RecordBatch) -> tuple[int, int, int, bool]:
+    """A run's first domain, first and last seq, and whether it is one domain's
+    consecutive seqs (the usual run). A usual run has a few rows: as Python ints they
+    cost a fraction of numpy's fixed cost; a long run goes through numpy."""
+    n = data.num_rows
+    if n <= _FEW_ROWS:
+        domains, seqs = _uint64s(data.column(0)), _uint64s(data.column(1))
+        first = seqs[0]
+        plain = domains.count(domains[0]) == n and seqs == list(range(first, first + n))
+        return domains[0], first, seqs[-1], plain
+    domains, seqs = data.column(0).to_numpy(), data.column(1).to_numpy()
+    plain = bool((domains == domains[0]).all() and (np.diff(seqs) == _ONE_U).all())
+    return int(domains[0]), int(seqs[0]), int(seqs[-1]), plain
+
+
+_FEW_ROWS: Final = 32
 
 
 def _uint64s(column: pa.Array) -> list[int]:
