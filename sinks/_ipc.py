@@ -31,8 +31,7 @@ class BatchReader:
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
-        self._empty = schema.empty_table().to_batches() or [
-            pa.RecordBatch.from_pylist([], schema=schema)]
+        self._empty = pa.RecordBatch.from_pylist([], schema=schema)
         # The schema message as this pyarrow writes it; a stream whose first message has
         # these bytes has this schema.
         first = pa.ipc.read_message(pa.BufferReader(schema.serialize()))
@@ -48,7 +47,7 @@ class BatchReader:
             if not table.schema.equals(self.schema):
                 raise WrongSchema(table.schema)
             batches = table.combine_chunks().to_batches()
-            batch = batches[0] if batches else self._empty[0]
+            batch = batches[0] if batches else self._empty
         batch.validate(full=True)  # offsets within their data, UTF-8 in utf8 columns
         return batch
 
