@@ -305,12 +305,29 @@ def test_only_the_setsum_sees_a_changed_final_value(open_log: Any, base: list[Me
     assert (info.value.domain_id, info.value.epoch_seq) == (domain_id, epoch.epoch_seq)
 
 
+def _interval_of(records: list[Message], domain_id: int, batch_id: int) -> int:
+    """The quiescence point that ends the interval holding batch ``batch_id``."""
+    seq = _epoch_of(records, domain_id, batch_id).epoch_seq
+    return min(r.epoch_seq for r in records if isinstance(r, EpochRecord)
+               and r.domain_id == domain_id and r.quiescent and r.epoch_seq >= seq)
+
+
 def test_the_cell_check_sees_a_broken_chain_under_a_forged_setsum(
         open_log: Any, base: list[Message]) -> None:
-    """A middle write altered and its epoch's setsum recomputed: the cell check refuses
-    it, naming the cell."""
-    cell, where = next((c, w) for c, w in sorted(_cell_events(base).items()) if len(w) >= 3)
-    i, row = where[len(where) // 2]
+    """A write altered and its epoch's setsum recomputed, on a cell that a later
+    interval writes again: the cell check refuses it, naming the cell. (A write whose
+    value is the cell's last can be altered unseen but by the setsum; with concurrent
+    writers, a write in the middle of a cell's writes in log order can be that one, when
+    the writes after it cancel out in its own interval.)"""
+    def interval(at: tuple[int, int]) -> tuple[int, int]:
+        data = base[at[0]].data  # type: ignore[union-attr]
+        domain_id = data.column("domain_id")[at[1]].as_py()
+        return domain_id, _interval_of(base, domain_id, data.column("batch_id")[at[1]].as_py())
+
+    cell, where = next((c, w) for c, w in sorted(_cell_events(base).items())
+                       if len({interval(at) for at in w}) >= 2)
+    first = min(interval(at) for at in where)
+    i, row = [at for at in where if interval(at) == first][-1]
     batch = base[i]
     assert isinstance(batch, EventBatch)
     domain_id = batch.data.column("domain_id")[row].as_py()
