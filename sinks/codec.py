@@ -421,19 +421,19 @@ def _check_tags(data: pa.RecordBatch, what: str = "EVENTS",
     """Refuse nulls, row keys that are not tagged keys and cells that are not tagged
     values (so ``to_events`` and every reader of the columns can trust them)."""
     names = data.schema.names
-    if _BATCH_FAULTS is not None:
-        # The usual, sound batch in one C call over its export (a column's Python
-        # wrapper alone costs a few us); a fault is named by the checks below.
-        kinds = _tag_kinds(tuple(names), values, absent_ok)
-        if _BATCH_FAULTS(data.__arrow_c_array__()[1], kinds) is None:
-            return
+    kinds = _tag_kinds(tuple(names), values, absent_ok)
+    # The usual, sound batch in one C call over its export (a column's Python wrapper
+    # alone costs a few us); a fault is named by the checks below.
+    if _BATCH_FAULTS is not None and _BATCH_FAULTS(data.__arrow_c_array__()[1],
+                                                   kinds) is None:
+        return
     columns = [data.column(i) for i in range(len(names))]  # each costs a wrapper: once
     for name, col in zip(names, columns, strict=True):
         if col.null_count:
             raise CodecError(f"{what} column {name!r} holds nulls")
     for name in ("row", *values):
         col = columns[names.index(name)]
-        kind = _KEYS if name == "row" else _VALUES if absent_ok else _PRESENT_VALUES
+        kind = kinds[names.index(name)]
         _, raw_offsets, body = col.buffers()
         offsets = np.frombuffer(raw_offsets, dtype=np.int32, count=len(col) + 1,
                                 offset=col.offset * 4)
