@@ -1114,7 +1114,8 @@ def decode_debezium_event(value: bytes | str) -> ChangeEvent:
             old=ABSENT if before is None else decode_debezium_value(before[column]),
             new=ABSENT if after is None else decode_debezium_value(after[column]),
         )
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # deep nesting
+    # RecursionError: deep nesting; OverflowError: int() of a number JSON reads as inf
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as exc:
         raise CodecError(f"not a cdc-agent Debezium envelope: {exc}") from exc
 
 
