@@ -132,6 +132,9 @@ class Shipper:
         self._max_queue = self.max_queue = max_queue
         self._idle = False
         self._wakeup = threading.Event()
+        # Someone waits on the next shipment (a flush, a stop, a writer out of room): the
+        # shipper does not linger for more items then.
+        self._hurry = False
         self._drained = threading.Condition(threading.Lock())
         self._domain_id = domain_id
         self._tally = EpochTally()
@@ -210,7 +213,7 @@ class Shipper:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._wakeup.set()
+                self._hurry_up()
                 self._drained.wait(min(1.0, remaining))
         return True
 
@@ -219,7 +222,7 @@ class Shipper:
         self._raise_if_failed()
         request = _Flush()
         self._items.append(request)
-        self._wakeup.set()
+        self._hurry_up()
         if self.error is not None:  # failed meanwhile: its drain may have missed us
             self._fail_remaining([])
         if not request.done.wait(timeout):
@@ -235,7 +238,7 @@ class Shipper:
             request.finish(self.error)
             return
         self._items.append(request)
-        self._wakeup.set()
+        self._hurry_up()
         if self.error is not None:  # failed meanwhile: its drain may have missed us
             self._fail_remaining([])
 
@@ -243,11 +246,16 @@ class Shipper:
         self._stopping = True
         if self._thread.is_alive():
             self._items.append(_STOP)
-            self._wakeup.set()
+            self._hurry_up()
             self._thread.join(timeout)
 
     def pending(self) -> int:
         return len(self._items)
+
+    def _hurry_up(self) -> None:
+        """Wake the shipper, and cut its linger short: the caller waits on the shipment."""
+        self._hurry = True
+        self._wakeup.set()
 
     @property
     def alive(self) -> bool:
@@ -274,7 +282,12 @@ class Shipper:
                 self._idle = False
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
-            time.sleep(self._linger)
+            # Not while someone waits on the shipment: a flush after one write would
+            # wait out two lingers (the write's wake-up, then its own).
+            if not self._hurry:
+                self._wakeup.wait(self._linger)  # a flush or a stop ends it early
+            self._wakeup.clear()
+        self._hurry = False  # before the take: a request queued from here on is taken now
         popleft = items.popleft  # only this thread takes items: len() stays a lower bound
         taken = [popleft() for _ in range(min(len(items), _DRAIN_MAX))]
         with self._drained:

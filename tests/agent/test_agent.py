@@ -214,6 +214,28 @@ def test_flush_and_close_are_idempotent_and_close_refuses_further_writes() -> No
     assert c.store.get("t", 1, "a") == 1
 
 
+def test_flushes_and_close_do_not_wait_out_the_shippers_linger() -> None:
+    """After a wake-up the shipper lingers to gather more writes, but not while someone
+    waits on the shipment. With a 30 s linger, a flush after a write, a flush request
+    (the sidecar's durable replies) and close each finish well within 10 s; each
+    would wait the linger out otherwise (a flush after a write, twice)."""
+    c = Captured()
+    c.agent._shipper._linger = 30.0
+    c.agent.set("t", 1, "a", 1)  # wakes the idle shipper, which lingers
+    c.agent.flush(timeout=10)
+    assert len(c.sink.events) == 1
+    c.agent.set("t", 1, "a", 2)
+    flushed = threading.Event()
+    c.agent._shipper.request_flush(lambda error: flushed.set())
+    assert flushed.wait(10)
+    assert len(c.sink.events) == 2
+    c.agent.set("t", 1, "a", 3)
+    closer = threading.Thread(target=c.agent.close)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive() and c.sink.closed and len(c.sink.events) == 3
+
+
 def test_a_failing_sink_surfaces_as_shipping_failed_and_the_store_keeps_its_writes() -> None:
     """The sink raises: the next flush says what happened; writes stay in the store."""
     from agent import ShippingFailed
