@@ -50,8 +50,12 @@ class NullSink:
     def close(self) -> None: ...
 
 
-def bench_capture(threads: int, per_thread: int, batch_size: int) -> None:
-    cells = [("t", i % 1000, "c") for i in range(per_thread)]
+def bench_capture(threads: int, per_thread: int, batch_size: int,
+                  inserts: bool = False) -> None:
+    """``Agent.set`` against the store's raw exchange. The writes go round 1,000 cells
+    (updates), or with ``inserts`` each to a new row (one thread: the threads would
+    write the same rows): an insert's event holds ABSENT, which the collector keeps."""
+    cells = [("t", i if inserts else i % 1000, "c") for i in range(per_thread)]
 
     def in_threads(fn: object) -> None:
         workers = [threading.Thread(target=fn) for _ in range(threads)]  # type: ignore[arg-type]
@@ -93,6 +97,8 @@ def bench_capture(threads: int, per_thread: int, batch_size: int) -> None:
         return threads * per_thread
 
     label = "auto batch per write" if batch_size == 1 else f"batches of {batch_size}"
+    if inserts:
+        label += ", inserts"
     # Interleaved rounds, best of each: the machine is shared and its load drifts.
     rates = [(best_of(1, captured), best_of(1, raw)) for _ in range(3)]
     report(f"capture: Agent.set, {threads} thread(s), {label}", max(r for r, _ in rates),
@@ -184,6 +190,7 @@ def main() -> None:
     for threads in (1, 4):
         bench_capture(threads, 100_000 // threads, 100)
         bench_capture(threads, 20_000 // threads, 1)
+    bench_capture(1, 100_000, 100, inserts=True)
     bench_capture(1, 50_000, 10)  # small batches: each batch's open and close weigh more
     bench_assembler(args.events, 20, 4)
     bench_assembler(args.events // 8, 1, 1)

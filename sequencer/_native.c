@@ -1346,8 +1346,12 @@ CellWriter_call(CellWriter *w, PyObject *const *args, size_t nargsf, PyObject *k
     PyObject *event = PyTuple_Pack(5, args[0], args[1], args[2], old, args[3]);
     /* Scalars only (checked above), unless the store's old value is a tracked
      * container: untracked, as the collector itself would untrack it at its first
-     * pass (a write's event otherwise adds to every collection until shipped). */
-    if (event != NULL && !(PyObject_IS_GC(old) && PyObject_GC_IsTracked(old)))
+     * pass (a write's event otherwise adds to every collection until shipped). ABSENT
+     * (an insert) is tracked, as every instance of a Python class is, but holds
+     * nothing: the collector keeps such a tuple, so it is untracked here (inserts
+     * cost a fifth more per write otherwise). */
+    if (event != NULL && (old == ABSENT_value
+                          || !(PyObject_IS_GC(old) && PyObject_GC_IsTracked(old))))
         PyObject_GC_UnTrack(event);
     int rc = event == NULL ? -1 : PyList_Check(events) ? PyList_Append(events, event) : -2;
     if (rc == -2) {  /* not a list: its own append */

@@ -201,8 +201,9 @@ def test_the_c_set_reads_the_store_and_the_batch_at_each_write() -> None:
 def test_an_old_value_the_collector_tracks_keeps_its_event_tracked() -> None:
     """Events of scalars are untracked by the collector; one holding a container the
     store handed back (a store may return anything) stays tracked, so a cycle through
-    it is still found. The batch's list of events is untracked (nothing in it can lead
-    back to it)."""
+    it is still found. An insert's event (old ABSENT, an object the collector tracks
+    though it holds nothing) is untracked. The batch's list of events is untracked
+    (nothing in it can lead back to it)."""
     native()
 
     class OddStore(MemoryStore):
@@ -218,8 +219,11 @@ def test_an_old_value_the_collector_tracks_keeps_its_event_tracked() -> None:
         agent.set("t", 1, "c", 1)
         store.odd = [1]
         agent.set("t", 1, "c", 2)
+        store.odd = ABSENT
+        agent.set("t", 2, "c", 3)
         batch_events = agent._current.get().events  # type: ignore[union-attr]
-        assert [gc.is_tracked(e) for e in batch_events] == [False, True]
+        assert gc.is_tracked(ABSENT)
+        assert [gc.is_tracked(e) for e in batch_events] == [False, True, False]
         assert not gc.is_tracked(batch_events)  # events cannot lead back to their list
     with pytest.raises(ShippingFailed):  # a list is no cell value: the codec refuses it
         agent.close()
