@@ -12,7 +12,8 @@ hashes its segments at once, tallies each epoch's setsum and per-table counts of
 writers' path (``agent._tally``), and calls the sink in order: an epoch record always
 after every event of its epoch. The epoch records of a shipment go out as one run
 (``Sink.write_epochs``, one message) when the sink offers it, else one by one; a
-shipment's lone record goes out as itself (``Sink.write_epoch``).
+shipment's lone record goes out as itself (``Sink.write_epoch``). A sink offering
+``Sink.write_shipment`` gets the shipment's events and epoch records in one call.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class ShippingBackpressure(TimeoutError):
 # (batch_id, epoch_seq, seq_start, events, closed). A plain tuple: it is made on every
 # batch's path. ``seq_start`` is a multiple of 2**16; ``closed`` the epochs it ended.
 _BatchItem = tuple[int, int, int, list[PendingEvent], list[EpochClosed]]
+# What a shipment hands the sink: its events, then its epoch records (a run or each).
+_Record = EventBatch | EpochRun | EpochRecord
 
 
 @dataclass(slots=True)
@@ -144,6 +147,7 @@ class Shipper:
         self._event_columns = event_encoder()
         self._table_runs = table_runs_helper()
         self._write_epochs = getattr(sink, "write_epochs", None)
+        self._write_shipment = getattr(sink, "write_shipment", None)
         self._on_epoch = on_epoch
         self.error: BaseException | None = None
         self.shipped_events = 0
@@ -300,9 +304,10 @@ class Shipper:
             flushes: list[_Flush] = []
             stop = False
             try:
-                # Events first, in one sink call: every epoch record in the group then
+                # Events first, in one batch: every epoch record in the group then
                 # follows all of its own events (later epochs' events may precede it).
-                self._ship_events([i for i in items if type(i) is tuple and i[3]])
+                events = self._event_batch([i for i in items if type(i) is tuple and i[3]])
+                shipment: list[_Record] = [] if events is None else [events]
                 closed: list[EpochClosed] = []
                 for item in items:
                     if type(item) is tuple:
@@ -314,11 +319,11 @@ class Shipper:
                         stop = True
                     elif hasattr(item, "ship_to"):  # a baseline chunk (agent._baseline)
                         # After the epochs before it: it is read at a quiescence point.
-                        self._ship_epochs(closed)
-                        closed = []
+                        self._write(shipment + self._epoch_items(closed))
+                        shipment, closed = [], []
                         self._call_sink("write_snapshot", partial(item.ship_to, self._sink),
                                         SinkBackpressure)
-                self._ship_epochs(closed)
+                self._write(shipment + self._epoch_items(closed))
                 self._tally.carry()
                 if flushes:  # one sink flush for the group's requests (group commit)
                     self._call_sink("flush", self._sink.flush, SinkTimeout)
@@ -349,13 +354,14 @@ class Shipper:
         with self._drained:
             self._drained.notify_all()
 
-    def _ship_events(self, segments: list[_BatchItem]) -> None:
+    def _event_batch(self, segments: list[_BatchItem]) -> EventBatch | None:
+        """The segments' events as one batch, tallied (None: no events)."""
         tally = self._tally
         if not segments:
             if tally.carrying:  # epochs of earlier shipments may close in this one
                 tally.add(np.zeros(0, np.uint64), b"", np.zeros(0, np.int64),
                           pa.array([], pa.utf8()))
-            return
+            return None
         data, lengths, batch_ids, epoch_seqs = _to_arrow(self._domain_id, segments,
                                                          self._transpose, self._event_columns)
         if self._segment_digests is not None:  # C: each item (one segment) built and hashed
@@ -369,42 +375,61 @@ class Shipper:
         runs = (self._table_runs([item[3] for item in segments])
                 if self._table_runs is not None else None)
         tally.add(epoch_seqs, digests, lengths, data.column(3), runs)
-        batch = EventBatch(data)
-        self._call_sink("write_events", lambda: self._sink.write_events(batch),
-                        SinkBackpressure)
-        self.shipped_events += data.num_rows
+        return EventBatch(data)
 
-    def _ship_epochs(self, closed: list[EpochClosed]) -> None:
+    def _epoch_items(self, closed: list[EpochClosed]) -> list[_Record]:
         """The records of the epochs ``closed``, with their tallies: as one run when the
         sink takes runs, else (and for a shipment's lone record, the usual case when
         writes are spread out) as records. Building a run's Arrow columns costs about
         0.25 ms however few records it holds; a record, a few microseconds."""
         if not closed:
-            return
+            return []
         columns = list(self._transpose(closed, 5))
         digests, offsets, names, counts = self._tally.take(columns[0], columns[3])
         if len(closed) == 1 or self._write_epochs is None:
-            self._write_each(epoch_records(self._domain_id, closed, digests, offsets,
-                                           names, counts))
-        else:
-            run = EpochRun.from_columns(self._domain_id, columns, digests, offsets, names,
-                                        counts)
-            write_epochs = self._write_epochs
-            self._call_sink("write_epoch", lambda: write_epochs(run), SinkBackpressure)
-            if self._on_epoch is not None:
-                for record in run.records():
-                    self._on_epoch(record)
-        self.shipped_epochs += len(closed)
-        if any(columns[4]):
-            self.last_quiescent_at = time.monotonic()
+            return list(epoch_records(self._domain_id, closed, digests, offsets, names,
+                                      counts))
+        return [EpochRun.from_columns(self._domain_id, columns, digests, offsets, names,
+                                      counts)]
 
-    def _write_each(self, records: list[EpochRecord]) -> None:
-        """Each record its own sink call (a retry repeats one)."""
-        write_epoch = self._sink.write_epoch
+    def _write(self, records: list[_Record]) -> None:
+        """Hand ``records`` (events first, then epoch records) to the sink: in one call
+        when it takes shipments (a wal3 log then stores them in one fragment: one object
+        write and one manifest commit for a flush after a few writes, not two), else one
+        call each (a retry repeats one)."""
+        sink = self._sink
+        if len(records) > 1 and self._write_shipment is not None:
+            write_shipment = self._write_shipment
+            self._call_sink("write_shipment", lambda: write_shipment(records),
+                            SinkBackpressure)
+        else:
+            for record in records:
+                if isinstance(record, EventBatch):
+                    self._call_sink("write_events", partial(sink.write_events, record),
+                                    SinkBackpressure)
+                elif isinstance(record, EpochRun):
+                    assert self._write_epochs is not None  # runs only go to sinks taking them
+                    self._call_sink("write_epoch", partial(self._write_epochs, record),
+                                    SinkBackpressure)
+                else:
+                    self._call_sink("write_epoch", partial(sink.write_epoch, record),
+                                    SinkBackpressure)
         for record in records:
-            self._call_sink("write_epoch", partial(write_epoch, record), SinkBackpressure)
-            if self._on_epoch is not None:
-                self._on_epoch(record)
+            if isinstance(record, EventBatch):
+                self.shipped_events += record.data.num_rows
+            elif isinstance(record, EpochRun):  # its records are built only if watched
+                self.shipped_epochs += len(record)
+                if record.data.column("quiescent").true_count:
+                    self.last_quiescent_at = time.monotonic()
+                if self._on_epoch is not None:
+                    for epoch in record.records():
+                        self._on_epoch(epoch)
+            else:
+                self.shipped_epochs += 1
+                if record.quiescent:
+                    self.last_quiescent_at = time.monotonic()
+                if self._on_epoch is not None:
+                    self._on_epoch(record)
 
     def _call_sink(self, name: str, call: Callable[[], None],
                    retry: type[BaseException]) -> None:

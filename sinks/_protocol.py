@@ -43,6 +43,10 @@ class Sink(Protocol):
       do, in one call; all or nothing if it raises ``SinkBackpressure``. The agent uses
       it when present (an automatic batch closes two epochs: one call each costs more
       than the batch).
+    - ``write_shipment`` (optional): a shipment's records in one call, in order (its
+      ``EventBatch``, then its ``EpochRun`` or ``EpochRecord``s): what the calls above
+      would do one by one; all or nothing if it raises ``SinkBackpressure``. The agent
+      uses it when present (a wal3 log stores the shipment as one fragment).
     - ``flush``: return once everything written so far is durable, or raise.
     - ``close``: flush, then release resources; calling it twice is fine.
 

@@ -21,6 +21,7 @@ sinks (``tests/helpers.py``), not part of this suite.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -45,6 +46,11 @@ def check_sink(make_sink: Callable[[], Sink], read_back: ReadBack, *,
     how many write batches it holds in all.
     """
     check_round_trip(make_sink(), read_back, threads=threads, batches=batches)
+    sink = make_sink()
+    if getattr(sink, "write_shipment", None) is not None:
+        check_round_trip(sink, read_back, threads=threads, batches=batches, shipments=True)
+    else:
+        sink.close()
     check_lifecycle(make_sink(), read_back)
 
 
@@ -109,15 +115,27 @@ def _identity(event: ChangeEvent) -> tuple[Any, ...]:
             event.column, encode_value(event.old), encode_value(event.new))
 
 
-def check_round_trip(sink: Sink, read_back: ReadBack, *, threads: int, batches: int) -> None:
+def check_round_trip(sink: Sink, read_back: ReadBack, *, threads: int, batches: int,
+                     shipments: bool = False) -> None:
     """Everything written comes back: each event once and bit for bit, the epoch records
-    in order, each after the events it covers, each setsum true of the events read."""
+    in order, each after the events it covers, each setsum true of the events read.
+    With ``shipments``, the log goes to the sink's optional ``write_shipment`` in runs
+    of consecutive records (one to five), as the agent's shipper hands them over."""
     written = synthetic_log(writers=threads, batches=batches)
-    for record in written:
-        if isinstance(record, EventBatch):
-            sink.write_events(record)
-        else:
-            sink.write_epoch(record)
+    if shipments:
+        write_shipment = sink.write_shipment  # type: ignore[attr-defined]
+        sizes = itertools.cycle((3, 1, 5, 2, 4))
+        at = 0
+        while at < len(written):
+            size = next(sizes)
+            write_shipment(written[at:at + size])
+            at += size
+    else:
+        for record in written:
+            if isinstance(record, EventBatch):
+                sink.write_events(record)
+            else:
+                sink.write_epoch(record)
     sink.flush()
     sink.close()
     sent_events = [_identity(e) for r in written if isinstance(r, EventBatch)
@@ -160,12 +178,16 @@ def check_lifecycle(sink: Sink, read_back: ReadBack) -> None:
     sink.close()
     sink.close()  # a second close
     record = EpochRecord(7, 2, _BASE_ID + 2, _BASE_ID + 3, 0, True, (), "00" * 32)
-    try:
-        sink.write_epoch(record)
-    except SinkError:
-        pass
-    else:
-        raise AssertionError("a closed sink accepted a record")
+    writes: list[Callable[[], None]] = [lambda: sink.write_epoch(record)]
+    if getattr(sink, "write_shipment", None) is not None:
+        writes.append(lambda: sink.write_shipment([record]))  # type: ignore[attr-defined]
+    for write in writes:
+        try:
+            write()
+        except SinkError:
+            pass
+        else:
+            raise AssertionError("a closed sink accepted a record")
 
 
 def _flatten(records: Iterable[ChangeEvent | EpochRecord | EventBatch]

@@ -17,6 +17,7 @@ from agent import Agent, MemoryStore
 from agent._shipper import epoch_records
 from replay import Assembler
 from sequencer import EpochClosed, EpochRecord
+from sinks import SinkBackpressure
 from sinks.codec import EpochRun, EventBatch, encode_value
 
 
@@ -50,13 +51,35 @@ class _RecordsSink(_CallsSink):
     write_epochs = None  # type: ignore[assignment]
 
 
+class _ShipmentsSink(_CallsSink):
+    """A sink taking a shipment's records in one call (``write_shipment``: wal3's
+    kind); the first ``refusals`` calls refuse everything, as a sink that is behind."""
+
+    def __init__(self, refusals: int = 0) -> None:
+        super().__init__()
+        self.shipments: list[list[Any]] = []
+        self.refusals = refusals
+
+    def write_shipment(self, records: list[Any]) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise SinkBackpressure("behind: nothing taken")
+        self.shipments.append(list(records))
+        for record in records:
+            if isinstance(record, EpochRecord):
+                self.lone.append(record)
+            self.runs += isinstance(record, EpochRun)
+            self.items.append(record)
+
+
 # One step: which of two batch scopes acts (0 or 1), and what it does.
 steps = st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["set", "flip", "flush"]),
                            st.sampled_from(["t", "u", "v"]), st.integers(0, 5)),
                  min_size=1, max_size=40)
 
 
-@pytest.mark.parametrize("sink_type", [_CallsSink, _RecordsSink], ids=["runs", "records"])
+@pytest.mark.parametrize("sink_type", [_CallsSink, _RecordsSink, _ShipmentsSink],
+                         ids=["runs", "records", "shipments"])
 @settings(max_examples=40, deadline=None)
 @given(steps)
 def test_lone_epoch_records_are_the_records_a_run_would_hold(
@@ -118,6 +141,27 @@ def test_a_close_while_another_batch_is_open_ships_its_record_alone() -> None:
     assert [r.table_counts for r in sink.lone] == [(("t", 1),)] * 5
     assert not any(r.quiescent for r in sink.lone)
     assert len(list(Assembler().replay(sink.items))) == 5
+
+
+def test_a_shipment_goes_to_the_sink_in_one_call_retried_whole() -> None:
+    """A sink with ``write_shipment`` gets each shipment's events and epoch records in
+    one call, events first; one that refuses (backpressure) gets the same call again,
+    so every record arrives once and the log replays to the store's state."""
+    store = MemoryStore()
+    sink = _ShipmentsSink(refusals=2)
+    agent = Agent(store, sink)
+    for k in range(5):
+        with agent.batch():
+            agent.set("t", k, "c", k)
+            agent.set("u", k, "c", -k)
+        agent.flush()
+    agent.close()
+    assert [[type(r) for r in shipment] for shipment in sink.shipments] == [
+        [EventBatch, EpochRun]] * 5  # a batch's close ends its epoch and a marker
+    assert sum(len(r) for r in sink.items if isinstance(r, EventBatch)) == 10
+    final = list(Assembler().replay(sink.items))[-1].state
+    assert ({cell: encode_value(v) for cell, v in final.items()}
+            == {cell: encode_value(v) for cell, v in store.snapshot().items()})
 
 
 u64 = st.integers(0, 2**64 - 1)

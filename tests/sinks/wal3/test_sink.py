@@ -84,6 +84,21 @@ def test_agent_to_wal3_to_assembler_s3(s3_endpoint: str, s3_bucket: str) -> None
     assert_replays(list(read_log(uri, endpoint_url=s3_endpoint)), seen)
 
 
+def test_a_flushed_shipment_is_one_fragment(tmp_path: Path) -> None:
+    """An agent that flushes after each write leaves one fragment per flush: a
+    shipment's events and epoch records go to the writer together (one object write
+    and one manifest commit, where a call each made two fragments)."""
+    store = MemoryStore()
+    agent = Agent(store, Wal3Sink(LocalStore(tmp_path / "log")))
+    for k in range(6):
+        agent.set("t", k, "c", k)
+        agent.flush()
+    agent.close()
+    assert len(LogReader(LocalStore(tmp_path / "log")).scan()) == 6
+    final = list(Assembler().replay(read_log(f"file://{tmp_path / 'log'}")))[-1].state
+    assert _bits(final) == _bits(store.snapshot())
+
+
 def test_read_log_resumes_from_a_cursor(tmp_path: Path) -> None:
     """A consumer that stops midway and resumes from its cursor sees every record (at
     most one fragment again), and the replay is still exact."""
