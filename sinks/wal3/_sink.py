@@ -139,11 +139,11 @@ class Wal3Sink:
 
 def _body(record: EventBatch | EpochRecord | EpochRun) -> bytes:
     """The wal3 record of a sink record; a run of one epoch as its EPOCH message."""
-    if type(record) is EventBatch:
+    if isinstance(record, EventBatch):
         return encode_events(record)
-    if type(record) is EpochRun:
+    if isinstance(record, EpochRun):
         return encode_epochs(record) if len(record) > 1 else encode_epoch(record.records()[0])
-    return encode_epoch(record)  # type: ignore[arg-type]
+    return encode_epoch(record)
 
 
 def open_log_sink(uri: str, *, endpoint_url: str | None = None, **kwargs: Any) -> Wal3Sink:

@@ -4,6 +4,7 @@ Python's strict decoder's (what ``decode_value`` will apply to a str)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,53 @@ def test_the_batch_check_in_one_call_equals_the_column_checks(
         column, entry, _ = verdict
         assert with_c is not None and EVENT_SCHEMA.names[column] in with_c
         assert ("holds nulls" in with_c) == (entry == -2)
+
+
+class _ArrowArray(ctypes.Structure):
+    """The head of the Arrow C data interface's ArrowArray (its ABI is fixed)."""
+
+
+_ArrowArray._fields_ = [
+    ("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
+    ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64),
+    ("buffers", ctypes.c_void_p), ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray)))]
+
+
+def _with_unknown_null_counts(capsule: Any) -> Any:
+    """``capsule`` (an exported record batch) with each column's null count set to -1,
+    "not computed", as the C data interface allows a producer to say (pyarrow counts
+    them before export): the consumer must count the validity bitmap itself."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    batch = _ArrowArray.from_address(get(capsule, b"arrow_array"))
+    for i in range(batch.n_children):
+        batch.children[i].contents.null_count = -1
+    return capsule
+
+
+def test_the_batch_check_counts_nulls_it_is_not_told_of_in_the_rows_it_holds() -> None:
+    """Columns whose null count is not given (-1): ``batch_faults`` counts the nulls in
+    each validity bitmap, over the slice's own rows only, so a null just outside a
+    slice is no fault and one inside it is."""
+    import sinks.codec as codec
+    from sinks.codec import EVENT_SCHEMA
+
+    n = 4
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1] * n, pa.uint64()), pa.array(range(n), pa.uint64()),
+         pa.array([0] * n, pa.uint32()), pa.array([None, "t", "t", None], pa.utf8()),
+         pa.array([b"\x02" + bytes(8)] * n, pa.binary()), pa.array(["c"] * n, pa.utf8()),
+         pa.array([b"\x00"] * n, pa.binary()), pa.array([b"\x00"] * n, pa.binary())],
+        schema=EVENT_SCHEMA)
+    kinds = codec._tag_kinds(tuple(EVENT_SCHEMA.names), ("old", "new"), True)
+
+    def verdict(start: int, length: int) -> Any:
+        capsule = batch.slice(start, length).__arrow_c_array__()[1]
+        return native().batch_faults(_with_unknown_null_counts(capsule), kinds)
+
+    assert verdict(1, 2) is None  # the nulls at rows 0 and 3 lie outside
+    assert verdict(0, 2) == (3, -2, False)
+    assert verdict(2, 2) == (3, -2, False)
 
 
 @pytest.mark.parametrize("built", ["batch", "column", "numpy"])
