@@ -68,12 +68,14 @@ class CaptureMetrics:
         self._lock = threading.Lock()
         self.sink_seconds = client.Histogram(
             "cdc_sink_call_seconds", "Time a sink call took (write_events, write_epoch, "
-            "flush), retries included", ["call"], buckets=_LATENCY_BUCKETS,
-            registry=self.registry)
+            "write_shipment: a shipment's events and epoch records in one call, "
+            "write_snapshot, flush), retries included", ["call"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry)
         # Children looked up once: the shipping thread observes without a label lookup.
         self._sink_observers: dict[str, Callable[[float], None]] = {
             call: self.sink_seconds.labels(call).observe
-            for call in ("write_events", "write_epoch", "flush")}
+            for call in ("write_events", "write_epoch", "write_shipment", "write_snapshot",
+                         "flush")}
         self.sink_errors = client.Counter(
             "cdc_sink_errors", "Sink calls that raised: retried (the sink was behind) or "
             "fatal (shipping stopped)", ["kind"], registry=self.registry)

@@ -286,12 +286,15 @@ class Shipper:
                 self._idle = False
             # Linger, as a Kafka producer does: let writers queue more before we take
             # the GIL back. Each wake-up costs writers more than a millisecond's wait.
-            # Not while someone waits on the shipment: a flush after one write would
-            # wait out two lingers (the write's wake-up, then its own).
+            # Not while someone waits on the shipment (a flush, a stop, a writer out of
+            # room): a flush after one write would wait out two lingers (the write's
+            # wake-up, then its own).
             if not self._hurry:
-                self._wakeup.wait(self._linger)  # a flush or a stop ends it early
+                self._wakeup.wait(self._linger)  # such a wake-up ends it early
             self._wakeup.clear()
-        self._hurry = False  # before the take: a request queued from here on is taken now
+        # Before the take: a request queued from here on is taken by this take or the
+        # next, without a linger (at worst a later wake-up skips one too).
+        self._hurry = False
         popleft = items.popleft  # only this thread takes items: len() stays a lower bound
         taken = [popleft() for _ in range(min(len(items), _DRAIN_MAX))]
         with self._drained:
@@ -402,34 +405,39 @@ class Shipper:
             write_shipment = self._write_shipment
             self._call_sink("write_shipment", lambda: write_shipment(records),
                             SinkBackpressure)
-        else:
             for record in records:
-                if isinstance(record, EventBatch):
-                    self._call_sink("write_events", partial(sink.write_events, record),
-                                    SinkBackpressure)
-                elif isinstance(record, EpochRun):
-                    assert self._write_epochs is not None  # runs only go to sinks taking them
-                    self._call_sink("write_epoch", partial(self._write_epochs, record),
-                                    SinkBackpressure)
-                else:
-                    self._call_sink("write_epoch", partial(sink.write_epoch, record),
-                                    SinkBackpressure)
+                self._shipped(record)
+            return
         for record in records:
             if isinstance(record, EventBatch):
-                self.shipped_events += record.data.num_rows
-            elif isinstance(record, EpochRun):  # its records are built only if watched
-                self.shipped_epochs += len(record)
-                if record.data.column("quiescent").true_count:
-                    self.last_quiescent_at = time.monotonic()
-                if self._on_epoch is not None:
-                    for epoch in record.records():
-                        self._on_epoch(epoch)
+                self._call_sink("write_events", partial(sink.write_events, record),
+                                SinkBackpressure)
+            elif isinstance(record, EpochRun):
+                assert self._write_epochs is not None  # runs only go to sinks taking them
+                self._call_sink("write_epoch", partial(self._write_epochs, record),
+                                SinkBackpressure)
             else:
-                self.shipped_epochs += 1
-                if record.quiescent:
-                    self.last_quiescent_at = time.monotonic()
-                if self._on_epoch is not None:
-                    self._on_epoch(record)
+                self._call_sink("write_epoch", partial(sink.write_epoch, record),
+                                SinkBackpressure)
+            self._shipped(record)
+
+    def _shipped(self, record: _Record) -> None:
+        """Count a record the sink took (and show its epochs to ``on_epoch``)."""
+        if isinstance(record, EventBatch):
+            self.shipped_events += record.data.num_rows
+        elif isinstance(record, EpochRun):  # its records are built only if watched
+            self.shipped_epochs += len(record)
+            if record.data.column("quiescent").true_count:
+                self.last_quiescent_at = time.monotonic()
+            if self._on_epoch is not None:
+                for epoch in record.records():
+                    self._on_epoch(epoch)
+        else:
+            self.shipped_epochs += 1
+            if record.quiescent:
+                self.last_quiescent_at = time.monotonic()
+            if self._on_epoch is not None:
+                self._on_epoch(record)
 
     def _call_sink(self, name: str, call: Callable[[], None],
                    retry: type[BaseException]) -> None:

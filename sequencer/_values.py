@@ -30,6 +30,10 @@ INT64_MAX: Final = (1 << 63) - 1
 class Absent:
     """The type of ``ABSENT``: the cell does not exist (unlike ``None``, a stored null)."""
 
+    # No instance dict: ABSENT refers to nothing, so a container holding it cannot be
+    # part of a cycle through it (the C writer untracks an insert's event on that).
+    __slots__ = ()
+
     _instance: Absent | None = None
 
     def __new__(cls) -> Absent:

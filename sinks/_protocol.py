@@ -46,7 +46,8 @@ class Sink(Protocol):
     - ``write_shipment`` (optional): a shipment's records in one call, in order (its
       ``EventBatch``, then its ``EpochRun`` or ``EpochRecord``s): what the calls above
       would do one by one; all or nothing if it raises ``SinkBackpressure``. The agent
-      uses it when present (a wal3 log stores the shipment as one fragment).
+      uses it when present (a wal3 log stores the shipment in one fragment, up to the
+      writer's batch size).
     - ``flush``: return once everything written so far is durable, or raise.
     - ``close``: flush, then release resources; calling it twice is fine.
 

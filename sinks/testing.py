@@ -29,7 +29,14 @@ from typing import Any
 
 from sequencer import ABSENT, ChangeEvent, EpochRecord, Value
 from sinks._protocol import Sink, SinkError
-from sinks.codec import EventBatch, digests_setsum, encode_key, encode_value, segment_digests
+from sinks.codec import (
+    EpochRun,
+    EventBatch,
+    digests_setsum,
+    encode_key,
+    encode_value,
+    segment_digests,
+)
 
 __all__ = ["check_sink"]
 
@@ -120,15 +127,17 @@ def check_round_trip(sink: Sink, read_back: ReadBack, *, threads: int, batches: 
     """Everything written comes back: each event once and bit for bit, the epoch records
     in order, each after the events it covers, each setsum true of the events read.
     With ``shipments``, the log goes to the sink's optional ``write_shipment`` in runs
-    of consecutive records (one to five), as the agent's shipper hands them over."""
+    of consecutive records (one to five), as the agent's shipper hands them over: a
+    shipment's epoch records as one ``EpochRun`` where the sink takes runs too."""
     written = synthetic_log(writers=threads, batches=batches)
     if shipments:
         write_shipment = sink.write_shipment  # type: ignore[attr-defined]
+        runs = getattr(sink, "write_epochs", None) is not None
         sizes = itertools.cycle((3, 1, 5, 2, 4))
         at = 0
         while at < len(written):
             size = next(sizes)
-            write_shipment(written[at:at + size])
+            write_shipment(_shipment(written[at:at + size], runs))
             at += size
     else:
         for record in written:
@@ -159,6 +168,26 @@ def check_round_trip(sink: Sink, read_back: ReadBack, *, threads: int, batches: 
         mine = [e for e in events if record.covers(e.batch_id)]
         assert _setsum(mine) == record.setsum, (
             f"epoch {record.epoch_seq}: its setsum does not hold over the events read back")
+
+
+def _shipment(records: list[EventBatch | EpochRecord], runs: bool
+              ) -> list[EventBatch | EpochRecord | EpochRun]:
+    """``records`` with each stretch of two or more epoch records as one run (if
+    ``runs``)."""
+    out: list[EventBatch | EpochRecord | EpochRun] = []
+    stretch: list[EpochRecord] = []
+    for record in [*records, None]:
+        if isinstance(record, EpochRecord):
+            stretch.append(record)
+            continue
+        if runs and len(stretch) > 1:
+            out.append(EpochRun.from_records(stretch))
+        else:
+            out.extend(stretch)
+        stretch = []
+        if record is not None:
+            out.append(record)
+    return out
 
 
 def _whole(record: EpochRecord) -> EpochRecord:

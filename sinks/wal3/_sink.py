@@ -3,7 +3,9 @@
 Each ``write_events``, ``write_epoch`` and ``write_epochs`` (a run of epoch records)
 becomes one wal3 record whose body is the ``sinks.codec`` message (``encode_events`` /
 ``encode_epoch`` / ``encode_epochs``; a run of one record is written as that record, an
-EPOCH message); records keep the order the agent ships them in.
+EPOCH message); records keep the order the agent ships them in. ``write_shipment``
+queues a shipment's records together, so they share a fragment (one fragment unless
+they pass the writer's batch size).
 ``flush`` returns once every record written so far is linked into the manifest.
 ``read_log`` decodes the records back in log order and, given a cursor name, resumes
 where that cursor points and moves it as it goes.
@@ -86,8 +88,9 @@ class Wal3Sink:
 
     def write_shipment(self, records: Sequence[EventBatch | EpochRecord | EpochRun]) -> None:
         """A shipment's records, in order, as wal3 records queued together: the writer
-        puts them in one fragment (one object write and one manifest commit where a
-        call each would often make two). All or nothing, as ``submit_batch`` is."""
+        puts them in one fragment unless they pass its batch size (one object write and
+        one manifest commit where a call each would often make two). All or nothing,
+        as ``submit_batch`` is: on ``LogBackpressure`` nothing was queued."""
         bodies = [_body(record) for record in records]
         if self._closed:
             raise SinkClosed(f"wal3 sink for {self.uri} is closed")

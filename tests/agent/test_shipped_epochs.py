@@ -94,6 +94,9 @@ def test_lone_epoch_records_are_the_records_a_run_would_hold(
     agent = Agent(store, sink)
     scopes = [contextvars.copy_context(), contextvars.copy_context()]
     open_batches: list[Any] = [None, None]
+    # An automatic batch while no other is open: its event and its two epochs close
+    # together, a shipment of more than one record.
+    unscoped = False
     for who, action, table, row in plan:
         scope = scopes[who]
         if action == "flush":
@@ -105,6 +108,7 @@ def test_lone_epoch_records_are_the_records_a_run_would_hold(
             open_batches[who] = agent.batch()
             scope.run(open_batches[who].__enter__)
         else:
+            unscoped |= open_batches == [None, None]
             scope.run(agent.set, table, row, "c", len(sink.items))
     for who in (0, 1):
         if open_batches[who] is not None:
@@ -114,6 +118,8 @@ def test_lone_epoch_records_are_the_records_a_run_would_hold(
         assert EpochRun.from_records([record]).records() == [record]
     if sink_type is _RecordsSink:
         assert sink.runs == 0
+    if sink_type is _ShipmentsSink and unscoped:
+        assert sink.shipments  # type: ignore[attr-defined]
     snapshots = list(Assembler().replay(sink.items))
     final = snapshots[-1].state if snapshots else {}
     assert ({cell: encode_value(v) for cell, v in final.items()}

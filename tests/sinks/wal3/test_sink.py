@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,18 @@ from agent import Agent, MemoryStore
 from agent._workload import Workload
 from replay import Assembler
 from sequencer import ChangeEvent, EpochRecord
-from sinks import Sink
+from sinks import Sink, SinkBackpressure
 from sinks.codec import EventBatch, decode, encode_value, records
 from sinks.objstore import LocalStore
-from sinks.testing import check_sink
-from sinks.wal3 import CursorStore, LogReader, Wal3Sink, open_log_sink, read_log
+from sinks.testing import check_sink, synthetic_log
+from sinks.wal3 import (
+    CursorStore,
+    LogReader,
+    Wal3Sink,
+    WriterOptions,
+    open_log_sink,
+    read_log,
+)
 
 
 def _bits(state: dict[Any, Any]) -> dict[Any, bytes]:
@@ -97,6 +105,34 @@ def test_a_flushed_shipment_is_one_fragment(tmp_path: Path) -> None:
     assert len(LogReader(LocalStore(tmp_path / "log")).scan()) == 6
     final = list(Assembler().replay(read_log(f"file://{tmp_path / 'log'}")))[-1].state
     assert _bits(final) == _bits(store.snapshot())
+
+
+def test_a_shipment_refused_for_backpressure_queues_none_of_its_records(
+        tmp_path: Path) -> None:
+    """With the writer's queue near its bound (its fragment held up by the store), a
+    shipment that would pass it is refused at once with ``SinkBackpressure`` and none
+    of its records is queued, though the first would fit: the shipper's retry cannot
+    write one twice. Once the store answers, the log holds exactly what was taken."""
+    gate = threading.Event()
+
+    class HeldStore(LocalStore):
+        def put_if_absent(self, key: str, data: bytes) -> str:
+            if "FragmentSeqNo" in key:
+                gate.wait(30)
+            return super().put_if_absent(key, data)
+
+    written = synthetic_log(writers=1, batches=2)
+    assert len(written) >= 4
+    sink = Wal3Sink(HeldStore(tmp_path / "log"),
+                    options=WriterOptions(max_pending_records=3, backpressure_timeout=0))
+    sink.write_shipment(written[:2])
+    with pytest.raises(SinkBackpressure):
+        sink.write_shipment(written[2:4])
+    assert sink.records == 2
+    gate.set()
+    sink.close()
+    got = [r for item in read_log(f"file://{tmp_path / 'log'}") for r in records(item)]
+    assert got == [r for item in written[:2] for r in records(item)]
 
 
 def test_read_log_resumes_from_a_cursor(tmp_path: Path) -> None:
