@@ -397,9 +397,9 @@ class Shipper:
 
     def _write(self, records: list[_Record]) -> None:
         """Hand ``records`` (events first, then epoch records) to the sink: in one call
-        when it takes shipments (a wal3 log then stores them in one fragment: one object
-        write and one manifest commit for a flush after a few writes, not two), else one
-        call each (a retry repeats one)."""
+        when it takes shipments (a wal3 log then stores them in one fragment, up to its
+        batch size: one object write and one manifest commit for a flush after a few
+        writes, not two), else one call each (a retry repeats one)."""
         sink = self._sink
         if len(records) > 1 and self._write_shipment is not None:
             write_shipment = self._write_shipment

@@ -54,7 +54,8 @@ def bench_capture(threads: int, per_thread: int, batch_size: int,
                   inserts: bool = False) -> None:
     """``Agent.set`` against the store's raw exchange. The writes go round 1,000 cells
     (updates), or with ``inserts`` each to a new row (one thread: the threads would
-    write the same rows): an insert's event holds ABSENT, which the collector keeps."""
+    write the same rows): an insert's event holds ABSENT (the C set untracks it from
+    the garbage collector, which would keep it)."""
     cells = [("t", i if inserts else i % 1000, "c") for i in range(per_thread)]
 
     def in_threads(fn: object) -> None:

