@@ -91,19 +91,15 @@ class Wal3Sink:
         puts them in one fragment unless they pass its batch size (one object write and
         one manifest commit where a call each would often make two). All or nothing,
         as ``submit_batch`` is: on ``LogBackpressure`` nothing was queued."""
-        bodies = [_body(record) for record in records]
+        self._submit(*[_body(record) for record in records])
+
+    def _submit(self, *bodies: bytes) -> None:
+        """Queue ``bodies`` as wal3 records, together: all or none."""
         if self._closed:
             raise SinkClosed(f"wal3 sink for {self.uri} is closed")
         self._reap()
         self._outstanding.append(self._writer.submit_batch(bodies))
         self.records += len(bodies)
-
-    def _submit(self, body: bytes) -> None:
-        if self._closed:
-            raise SinkClosed(f"wal3 sink for {self.uri} is closed")
-        self._reap()
-        self._outstanding.append(self._writer.submit(body))
-        self.records += 1
 
     def _reap(self) -> None:
         """Drop finished futures from the front; raise the first failure."""
