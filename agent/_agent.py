@@ -181,7 +181,13 @@ class _Capture:
         return BatchScope(self)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every record of every closed batch is durable in the sink."""
+        """Wait until every record of every closed batch is durable in the sink.
+
+        After ``close()`` it returns at once (close flushed them), or raises what made
+        shipping fail."""
+        if self._closed and not self._shipper.alive:  # nobody would answer the request
+            self._check_shipping()
+            return
         self._shipper.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:

@@ -201,13 +201,15 @@ def test_forced_quiescence_times_out_with_a_clear_error() -> None:
 
 
 def test_flush_and_close_are_idempotent_and_close_refuses_further_writes() -> None:
-    """flush() twice, close() twice; a write after close raises AgentClosed."""
+    """flush() twice, close() twice; a flush after close returns (it waited for a
+    shipping thread close had stopped); a write after close raises AgentClosed."""
     c = Captured()
     c.agent.set("t", 1, "a", 1)
     c.agent.flush()
     c.agent.flush()
     c.agent.close()
     c.agent.close()
+    c.agent.flush(timeout=10)
     assert c.sink.closed and len(c.sink.events) == 1
     with pytest.raises(AgentClosed):
         c.agent.set("t", 1, "a", 2)
@@ -252,6 +254,10 @@ def test_a_failing_sink_surfaces_as_shipping_failed_and_the_store_keeps_its_writ
     assert store.get("t", 1, "a") == 1
     with pytest.raises(ShippingFailed):
         agent.set("t", 1, "a", 2)
+    with pytest.raises(ShippingFailed):
+        agent.close(timeout=10)
+    with pytest.raises(ShippingFailed, match="disk full"):  # after close, still said
+        agent.flush(timeout=10)
 
 
 def test_a_flush_whose_sink_fails_while_it_queues_its_request_still_raises_at_once() -> None:
